@@ -1,0 +1,39 @@
+"""Django admin for support use: nodes editable, the audit trail read-only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+
+from nodes.models import AuditEntry, Gpu, Node
+
+
+class GpuInline(admin.TabularInline[Gpu, Node]):
+    model = Gpu
+    extra = 0
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin[Node]):
+    list_display = ["name", "host", "port", "ssh_user", "status", "host_ram_bytes", "last_seen"]
+    list_filter = ["status"]
+    search_fields = ["name", "host"]
+    inlines = [GpuInline]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(admin.ModelAdmin[AuditEntry]):
+    list_display = ["time", "actor_name", "action", "object_repr", "request_id"]
+    list_filter = ["action"]
+    search_fields = ["actor_name", "object_repr", "request_id"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -1,0 +1,122 @@
+"""Memory sizes: decimal (GB = 10^9 bytes) and binary (GiB = 2^30 bytes) units, always explicit.
+
+Rankwise stores every size as integer bytes. A size typed by a person must name its unit, because
+the difference is not cosmetic: 96 GiB is 103.08 GB, and NVIDIA and SGLang use different ones
+(``nvidia-smi`` reports MiB; SGLang's ``--hicache-size`` is decimal GB, see
+shared/reference/sglang.md §1d).
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+
+KB = 10**3
+MB = 10**6
+GB = 10**9
+TB = 10**12
+KiB = 2**10
+MiB = 2**20
+GiB = 2**30
+TiB = 2**40
+
+#: Unit name → bytes per unit. Names are matched case-sensitively: "Gb" (gigabit) is not "GB".
+UNITS: dict[str, int] = {
+    "B": 1,
+    "KB": KB,
+    "MB": MB,
+    "GB": GB,
+    "TB": TB,
+    "KiB": KiB,
+    "MiB": MiB,
+    "GiB": GiB,
+    "TiB": TiB,
+}
+
+#: The two units a person chooses between when typing a size into the panel.
+ENTRY_UNITS = ("GiB", "GB")
+
+_SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]+)\s*$")
+
+
+class UnitError(ValueError):
+    """A size that cannot be read: no unit, an unknown unit, or not a number."""
+
+
+def to_bytes(value: Decimal | int | str, unit: str) -> int:
+    """Convert ``value`` ``unit`` to integer bytes, rounding half up to a whole byte.
+
+    ``unit`` is a key of ``UNITS``. Raises ``UnitError`` for an unknown unit, a value that is not a
+    number, or a negative value.
+    """
+    if unit not in UNITS:
+        raise UnitError(f"unknown unit {unit!r}; use one of {', '.join(UNITS)}")
+    try:
+        number = Decimal(value)
+    except (InvalidOperation, ValueError):
+        raise UnitError(f"{value!r} is not a number") from None
+    if not number.is_finite():
+        raise UnitError(f"{value!r} is not a finite number")
+    if number < 0:
+        raise UnitError("a size cannot be negative")
+    return int((number * UNITS[unit]).to_integral_value(rounding=ROUND_HALF_UP))
+
+
+def split_size(text: str) -> tuple[Decimal, str]:
+    """Split ``"96GiB"`` or ``"449 GB"`` into ``(Decimal("96"), "GiB")``.
+
+    The unit is required: a bare number is ambiguous between GB and GiB, so it raises ``UnitError``
+    naming both readings.
+    """
+    match = _SIZE.match(text)
+    if match is None:
+        stripped = text.strip()
+        try:
+            bare = Decimal(stripped)
+        except (InvalidOperation, ValueError):
+            raise UnitError(
+                f"{text!r} is not a size; write a number and a unit, e.g. 96GiB or 449GB"
+            ) from None
+        raise UnitError(
+            f"{stripped!r} has no unit: say {stripped}GB ({to_bytes(bare, 'GB'):,} bytes) "
+            f"or {stripped}GiB ({to_bytes(bare, 'GiB'):,} bytes)"
+        )
+    unit = match["unit"]
+    if unit not in UNITS:
+        raise UnitError(f"unknown unit {unit!r} in {text!r}; use one of {', '.join(UNITS)}")
+    return Decimal(match["number"]), unit
+
+
+def parse_size(text: str) -> int:
+    """Parse a size with its unit (``"96GiB"``, ``"449 GB"``, ``"1.5TB"``) into integer bytes.
+
+    Raises ``UnitError`` when the unit is missing or unknown, or the number is malformed.
+    """
+    number, unit = split_size(text)
+    return to_bytes(number, unit)
+
+
+def format_bytes(size: int, unit: str = "GiB", places: int = 1) -> str:
+    """Format integer bytes in ``unit`` with the unit always shown: ``"96 GiB"``, ``"140.4 GiB"``.
+
+    Trailing zeros after the decimal point are dropped, so whole sizes read as whole numbers.
+    """
+    if unit not in UNITS:
+        raise UnitError(f"unknown unit {unit!r}")
+    value = Decimal(size) / UNITS[unit]
+    quantum = Decimal(1).scaleb(-places)
+    text = f"{value.quantize(quantum, rounding=ROUND_HALF_UP):f}"
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return f"{text} {unit}"
+
+
+def best_entry_unit(size: int) -> tuple[Decimal, str]:
+    """Express ``size`` bytes exactly: in whole GiB when it divides evenly, else in GB.
+
+    A decimal GB figure is always exact (10^9 divides into a finite decimal), so pre-filling a size
+    field with this and saving the form unchanged keeps the same bytes.
+    """
+    if size % GiB == 0:
+        return Decimal(size // GiB), "GiB"
+    return (Decimal(size) / GB).normalize(), "GB"

@@ -1,0 +1,178 @@
+"""Forms: parse and validate input with the domain rules; no I/O beyond ``save()``."""
+
+from __future__ import annotations
+
+import os
+from decimal import Decimal
+from typing import Any
+
+from django import forms
+from django.db import transaction
+
+from nodes.domain import inventory as rules
+from nodes.domain.units import ENTRY_UNITS, UnitError, best_entry_unit, to_bytes
+from nodes.models import Gpu, Node
+
+
+class SizeWidget(forms.MultiWidget):
+    """A number box and a GB/GiB choice, side by side."""
+
+    template_name = "forms/size_widget.html"
+
+    def __init__(self, attrs: dict[str, Any] | None = None) -> None:
+        super().__init__(
+            [
+                forms.NumberInput(attrs={"step": "any", "min": "0", "inputmode": "decimal"}),
+                forms.Select(choices=[(unit, unit) for unit in ENTRY_UNITS]),
+            ],
+            attrs,
+        )
+
+    def decompress(self, value: int | None) -> list[Any]:
+        if value is None:
+            return [None, ENTRY_UNITS[0]]
+        number, unit = best_entry_unit(value)
+        return [number, unit]
+
+
+class SizeField(forms.MultiValueField):
+    """A memory size typed as a number plus an explicit unit (GB = 10^9 B, GiB = 2^30 B) → bytes."""
+
+    widget = SizeWidget
+
+    def __init__(self, **kwargs: Any) -> None:
+        fields = (
+            forms.DecimalField(min_value=Decimal(0), max_digits=24, decimal_places=9),
+            forms.ChoiceField(choices=[(unit, unit) for unit in ENTRY_UNITS]),
+        )
+        super().__init__(fields, require_all_fields=True, **kwargs)
+
+    def compress(self, data_list: list[Any]) -> int | None:
+        if not data_list or data_list[0] is None:
+            return None
+        number, unit = data_list
+        try:
+            return to_bytes(number, unit)
+        except UnitError as exc:
+            raise forms.ValidationError(str(exc)) from None
+
+
+class NodeForm(forms.ModelForm[Node]):
+    """Create or edit a node by hand: SSH address, GPUs (count × model × memory), host RAM."""
+
+    gpu_count = forms.IntegerField(
+        label="GPU count", min_value=0, max_value=rules.MAX_GPUS_PER_NODE, initial=0
+    )
+    gpu_name = forms.CharField(label="GPU model", max_length=128, required=False)
+    gpu_memory = SizeField(
+        label="Memory per GPU",
+        required=False,
+        help_text="GiB = 2^30 bytes (what nvidia-smi reports, in MiB); GB = 10^9 bytes.",
+    )
+    host_ram = SizeField(label="Host RAM", required=False, help_text="Total RAM of the node.")
+    labels_text = forms.CharField(
+        label="Labels", required=False, help_text="Comma-separated, e.g. rack=a3, h200."
+    )
+
+    class Meta:
+        model = Node
+        fields = ["name", "host", "port", "ssh_user", "key_file", "notes"]
+        widgets = {"notes": forms.Textarea(attrs={"rows": 3})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        node = self.instance
+        # Taken now: validation writes the new values onto the instance.
+        self.snapshot_before = node.audit_snapshot() if node.pk else None
+        if node.pk:
+            specs = node.gpu_specs()
+            self.initial.setdefault("host_ram", node.host_ram_bytes)
+            self.initial.setdefault("labels_text", ", ".join(node.labels))
+            self.initial.setdefault("gpu_count", len(specs))
+            if specs:
+                self.initial.setdefault("gpu_name", specs[0].name)
+                self.initial.setdefault("gpu_memory", specs[0].memory_total_bytes)
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"].strip()
+        if message := rules.check_node_name(name):
+            raise forms.ValidationError(message)
+        return name
+
+    def clean_host(self) -> str:
+        host: str = self.cleaned_data["host"].strip()
+        if message := rules.check_host(host):
+            raise forms.ValidationError(message)
+        return host
+
+    def clean_port(self) -> int:
+        port: int = self.cleaned_data["port"]
+        if message := rules.check_port(port):
+            raise forms.ValidationError(message)
+        return port
+
+    def clean_ssh_user(self) -> str:
+        user: str = self.cleaned_data["ssh_user"].strip()
+        if message := rules.check_ssh_user(user):
+            raise forms.ValidationError(message)
+        return user
+
+    def clean_key_file(self) -> str:
+        path: str = self.cleaned_data["key_file"].strip()
+        if path and (not os.path.isabs(path) or any(c in path for c in "\0\n\r")):
+            raise forms.ValidationError("Give the key file as an absolute path on the panel host.")
+        return path
+
+    def clean_gpu_name(self) -> str:
+        name: str = self.cleaned_data["gpu_name"].strip()
+        if not name.isprintable():
+            raise forms.ValidationError("The GPU model name has control characters.")
+        return name
+
+    def clean_gpu_memory(self) -> int | None:
+        size: int | None = self.cleaned_data["gpu_memory"]
+        if size is not None and (message := rules.check_gpu_memory(size)):
+            raise forms.ValidationError(message)
+        return size
+
+    def clean_host_ram(self) -> int | None:
+        size: int | None = self.cleaned_data["host_ram"]
+        if size is not None and (message := rules.check_host_ram(size)):
+            raise forms.ValidationError(message)
+        return size
+
+    def clean_labels_text(self) -> list[str]:
+        labels, message = rules.parse_labels(self.cleaned_data["labels_text"])
+        if message:
+            raise forms.ValidationError(message)
+        return labels
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("gpu_count"):
+            if not data.get("gpu_name") and "gpu_name" not in self.errors:
+                self.add_error("gpu_name", "Name the GPU model (e.g. NVIDIA H200).")
+            if data.get("gpu_memory") is None and "gpu_memory" not in self.errors:
+                self.add_error("gpu_memory", "Give the memory of each GPU, with its unit.")
+        return data
+
+    def gpu_specs(self) -> list[rules.GpuSpec]:
+        data = self.cleaned_data
+        if not data.get("gpu_count"):
+            return []
+        return rules.uniform_gpus(data["gpu_count"], data["gpu_name"], data["gpu_memory"])
+
+    @transaction.atomic
+    def save(self, commit: bool = True) -> Node:
+        node: Node = super().save(commit=False)
+        node.host_ram_bytes = self.cleaned_data.get("host_ram")
+        node.labels = self.cleaned_data.get("labels_text", [])
+        node.save()
+        wanted = self.gpu_specs()
+        if wanted != node.gpu_specs():
+            node.gpus.all().delete()
+            Gpu.objects.bulk_create(
+                Gpu(node=node, index=g.index, name=g.name, memory_total_bytes=g.memory_total_bytes)
+                for g in wanted
+            )
+        return node

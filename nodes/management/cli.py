@@ -1,0 +1,46 @@
+"""Shared pieces of the operator CLI: one-line usage errors, and who a command acts as.
+
+A command acts as ``--actor NAME``, else ``$RANKWISE_ACTOR``, else the built-in ``cli`` account.
+"""
+
+from __future__ import annotations
+
+import os
+from argparse import ArgumentParser
+from typing import NoReturn
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.management.base import CommandError, CommandParser
+
+from nodes.choices import Role
+from nodes.roles import has_role
+
+
+class OneLineParser(CommandParser):
+    """An argument parser whose usage errors are one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        if getattr(self, "called_from_command_line", True):
+            self.exit(2, f"{self.prog}: error: {message}\n")
+        raise CommandError(f"Error: {message}")
+
+
+def add_actor_argument(parser: ArgumentParser) -> None:
+    parser.add_argument(
+        "--actor",
+        default=None,
+        help="User to act as (default: $RANKWISE_ACTOR, else the built-in 'cli' admin account).",
+    )
+
+
+def resolve_actor(name: str | None, needs: Role) -> AbstractBaseUser:
+    """Return the acting user, or raise ``CommandError`` if unknown, inactive or below ``needs``."""
+    username = name or os.environ.get("RANKWISE_ACTOR") or settings.RANKWISE_CLI_USER
+    user = get_user_model().objects.filter(username=username).first()
+    if user is None:
+        raise CommandError(f"no user named {username!r} to act as (see --actor)")
+    if not has_role(user, needs):
+        raise CommandError(f"user {username!r} lacks the {needs.label.lower()} role for this")
+    return user

@@ -1,0 +1,56 @@
+"""``manage.py ensure_admin``: on first run, create the ``admin`` account and print its password.
+
+The password is printed once and kept in ``var/admin_password`` (git-ignored, mode 0600) so the
+operator can find it again; later runs change nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group
+from django.core.management.base import BaseCommand, CommandParser
+from django.db import transaction
+
+from nodes.audit import record
+from nodes.choices import Role
+
+
+class Command(BaseCommand):
+    help = "Create the first admin account if there is none, printing its password once."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--username", default="admin")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        users = get_user_model().objects
+        if (
+            users.filter(groups__name=Role.ADMIN, is_active=True)
+            .exclude(username=settings.RANKWISE_CLI_USER)
+            .exists()
+            or users.filter(is_superuser=True).exists()
+        ):
+            return
+        username = options["username"]
+        password = secrets.token_urlsafe(12)
+        with transaction.atomic():
+            user = users.filter(username=username).first() or users.create_user(username=username)
+            user.set_password(password)
+            user.is_staff = True
+            user.is_superuser = True  # also the support account for /admin/
+            user.save()
+            user.groups.add(Group.objects.get(name=Role.ADMIN))
+            record("user.create", actor=None, actor_name="setup", obj=user, after={"role": "admin"})
+        path = settings.STATE_DIR / "admin_password"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(f"{username} {password}\n")
+        self.stdout.write(
+            f"Created the admin account.\n  user:     {username}\n  password: {password}\n"
+            f"  (kept in {path}; change it after logging in)"
+        )

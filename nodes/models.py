@@ -1,0 +1,112 @@
+"""Inventory and audit records."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from nodes.choices import NodeStatus
+from nodes.domain.inventory import GpuSpec, gpu_summary
+
+
+class Node(models.Model):
+    """A GPU machine Rankwise reaches over SSH."""
+
+    name = models.CharField(max_length=63, unique=True)
+    host = models.CharField("SSH host", max_length=253)
+    port = models.PositiveIntegerField("SSH port", default=22)
+    ssh_user = models.CharField("SSH user", max_length=32, default="root")
+    key_file = models.CharField(
+        "SSH private key file",
+        max_length=4096,
+        blank=True,
+        help_text="Absolute path, on the panel host, of the private key; empty uses the agent.",
+    )
+    host_ram_bytes = models.PositiveBigIntegerField("host RAM (bytes)", null=True, blank=True)
+    labels = models.JSONField(default=list, blank=True)
+    notes = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=NodeStatus, default=NodeStatus.UNKNOWN)
+    last_seen = models.DateTimeField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    updated = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(port__gte=1, port__lte=65535), name="node_port_in_range"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def gpu_specs(self) -> list[GpuSpec]:
+        return [GpuSpec(g.index, g.name, g.memory_total_bytes) for g in self.gpus.all()]
+
+    def gpu_summary(self) -> str:
+        return gpu_summary(self.gpu_specs())
+
+    def audit_snapshot(self) -> dict[str, object]:
+        """The node's facts as plain JSON, for audit before/after and the CLI."""
+        return {
+            "name": self.name,
+            "host": self.host,
+            "port": self.port,
+            "user": self.ssh_user,
+            "key_file": self.key_file,
+            "host_ram_bytes": self.host_ram_bytes,
+            "gpus": [
+                {"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes}
+                for g in self.gpu_specs()
+            ],
+            "labels": list(self.labels),
+            "notes": self.notes,
+            "status": self.status,
+            "last_seen": self.last_seen.isoformat() if self.last_seen else None,
+        }
+
+
+class Gpu(models.Model):
+    """One GPU of a node, by its index on that node."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="gpus")
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=128)
+    memory_total_bytes = models.PositiveBigIntegerField("memory total (bytes)")
+    uuid = models.CharField("UUID", max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [
+            models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} GPU {self.index}"
+
+
+class AuditEntry(models.Model):
+    """One recorded action: who did what to which object, with the state before and after."""
+
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL
+    )
+    # Kept apart from the foreign key so the record survives the user's deletion, and so failed
+    # logins (no user) still say which name was tried.
+    actor_name = models.CharField(max_length=150)
+    action = models.CharField(max_length=64, db_index=True)
+    object_type = models.CharField(max_length=64, blank=True)
+    object_id = models.CharField(max_length=64, blank=True)
+    object_repr = models.CharField(max_length=200, blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    request_id = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        ordering = ["-time", "-id"]
+        verbose_name_plural = "audit entries"
+
+    def __str__(self) -> str:
+        return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.object_repr}"

@@ -1,0 +1,1 @@
+"""Services: coordinate the database, the domain rules, SSH and the task queue."""

@@ -1,0 +1,40 @@
+"""Changes to the node inventory, each in one transaction with its audit entry."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.http import HttpRequest
+
+from nodes.audit import record
+from nodes.forms import NodeForm
+from nodes.models import Node
+
+Actor = AbstractBaseUser | AnonymousUser
+
+
+def save_node(form: NodeForm, *, actor: Actor, request: HttpRequest | None = None) -> Node:
+    """Save a valid ``NodeForm`` and record ``node.create`` or ``node.update`` with before/after.
+
+    Either both the node (with its GPUs) and the audit entry are written, or neither is.
+    """
+    before = form.snapshot_before
+    with transaction.atomic():
+        node = form.save()
+        record(
+            "node.update" if before else "node.create",
+            actor=actor,
+            obj=node,
+            before=before,
+            after=node.audit_snapshot(),
+            request=request,
+        )
+    return node
+
+
+def delete_node(node: Node, *, actor: Actor, request: HttpRequest | None = None) -> None:
+    """Delete a node and its GPU rows, recording ``node.delete`` with what was removed."""
+    with transaction.atomic():
+        before = node.audit_snapshot()
+        record("node.delete", actor=actor, obj=node, before=before, request=request)
+        node.delete()

@@ -1,0 +1,1 @@
+// Rankwise keeps JavaScript to a minimum: htmx does the work.

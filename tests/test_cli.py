@@ -1,0 +1,165 @@
+"""The operator CLI, run as a user would run it: a subprocess with its own stdout and stderr."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodes.models import AuditEntry, Node
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def manage(settings):
+    """Run ``manage.py`` against the test database, returning the completed process."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        url = f"sqlite:///{db['NAME']}"
+    else:
+        url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        environ = {**os.environ, "DATABASE_URL": url, **env}
+        environ.pop("RANKWISE_ACTOR", None) if "RANKWISE_ACTOR" not in env else None
+        return subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=environ,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _file_database(settings, tmp_path):
+    # An in-memory SQLite test database is invisible to a subprocess; a file one is not.
+    if settings.DATABASES["default"]["ENGINE"].endswith("sqlite3") and ":memory:" in str(
+        settings.DATABASES["default"]["NAME"]
+    ):
+        pytest.skip("needs a file-backed test database (set by tests/conftest.py)")
+
+
+INCIDENT_NODE = [
+    "node", "add", "gpu-01", "--host", "10.0.0.5", "--gpus", "8",
+    "--gpu-name", "NVIDIA H200", "--gpu-memory", "96GiB", "--host-ram", "449GB",
+]  # fmt: skip
+
+
+def test_add_then_show_json_has_integer_bytes_and_nothing_else_on_stdout(manage):
+    added = manage(*INCIDENT_NODE)
+    assert added.returncode == 0, added.stderr
+    assert added.stdout == ""
+    assert "Added node gpu-01" in added.stderr
+
+    shown = manage("node", "show", "gpu-01", "--json")
+    doc = json.loads(shown.stdout)
+    assert doc["name"] == "gpu-01"
+    assert doc["host"] == "10.0.0.5" and doc["port"] == 22 and doc["user"] == "root"
+    assert doc["host_ram_bytes"] == 449_000_000_000
+    assert [g["index"] for g in doc["gpus"]] == list(range(8))
+    assert {g["memory_total_bytes"] for g in doc["gpus"]} == {96 * 2**30}
+    assert {g["name"] for g in doc["gpus"]} == {"NVIDIA H200"}
+    assert doc["status"] == "unknown" and doc["last_seen"] is None
+
+
+def test_list_json_holds_every_node(manage):
+    manage(*INCIDENT_NODE)
+    manage("node", "add", "gpu-02", "--host", "gpu-02.example.net", "--port", "2222")
+    doc = json.loads(manage("node", "list", "--json").stdout)
+    assert [n["name"] for n in doc["nodes"]] == ["gpu-01", "gpu-02"]
+    assert doc["nodes"][1]["port"] == 2222 and doc["nodes"][1]["gpus"] == []
+    assert doc["nodes"][1]["host_ram_bytes"] is None
+
+
+def test_plain_list_shows_units(manage):
+    manage(*INCIDENT_NODE)
+    out = manage("node", "list").stdout
+    assert "8 × NVIDIA H200 · 96 GiB" in out and "449 GB" in out
+
+
+@pytest.mark.parametrize(
+    ("args", "reason"),
+    [
+        (["--gpu-memory", "96"], "--gpu-memory: '96' has no unit"),
+        (["--host-ram", "449"], "--host-ram: '449' has no unit"),
+        (["--gpu-memory", "96MiB"], "--gpu-memory: give the size in GB or GiB"),
+        (["--gpu-memory", "-96GiB"], "--gpu-memory: '-96GiB' is not a size"),
+        (["--gpu-memory", "9000GiB"], "--gpu-memory: 9000 GiB per GPU is outside"),
+        (["--host", "a;rm -rf /"], "--host: 'a;rm -rf /' is not a valid host name"),
+        (["--port", "99999"], "--port: A port is a number from 1 to 65535."),
+    ],
+)
+def test_bad_input_exits_non_zero_with_one_line_and_saves_nothing(manage, args, reason):
+    argv = list(INCIDENT_NODE)
+    for flag, value in zip(args[::2], args[1::2], strict=True):
+        if flag in argv:
+            at = argv.index(flag)
+            del argv[at : at + 2]
+        argv.append(f"{flag}={value}")
+    result = manage(*argv)
+    assert result.returncode != 0
+    assert result.stdout == ""
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and reason in lines[0], result.stderr
+    assert not Node.objects.exists()
+
+
+def test_duplicate_name_is_refused(manage):
+    manage(*INCIDENT_NODE)
+    result = manage(*INCIDENT_NODE)
+    assert result.returncode == 1
+    assert "NAME: Node with this Name already exists." in result.stderr
+    assert Node.objects.count() == 1
+
+
+def test_usage_errors_are_one_line_with_status_2(manage):
+    result = manage("node", "add", "gpu-01", "--host", "h", "--port", "ssh")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "manage.py node add: error: argument --port: invalid int value: 'ssh'"
+    ]
+    assert not Node.objects.exists()
+
+
+def test_show_unknown_node_fails(manage):
+    result = manage("node", "show", "nope", "--json")
+    assert result.returncode == 1 and result.stdout == ""
+    assert "no node named 'nope'" in result.stderr
+
+
+def test_actor_is_recorded_and_defaults_to_cli(manage):
+    assert manage(*INCIDENT_NODE).returncode == 0
+    entry = AuditEntry.objects.get(action="node.create")
+    assert entry.actor_name == "cli" and entry.after["host_ram_bytes"] == 449 * 10**9
+
+    assert manage("user", "add", "ops", "--role", "admin").returncode == 0
+    added = manage("node", "add", "gpu-09", "--host", "h9", RANKWISE_ACTOR="ops")
+    assert added.returncode == 0, added.stderr
+    assert AuditEntry.objects.get(object_repr="gpu-09").actor_name == "ops"
+
+
+def test_a_viewer_actor_cannot_add_nodes(manage):
+    manage("user", "add", "vera", "--role", "viewer")
+    result = manage(*INCIDENT_NODE, "--actor", "vera")
+    assert result.returncode == 1
+    assert "lacks the admin role" in result.stderr
+    assert not Node.objects.exists()
+
+
+def test_user_add_prints_password_once_and_it_logs_in(manage, client):
+    result = manage("user", "add", "otto", "--role", "operator")
+    password = result.stdout.strip()
+    assert result.returncode == 0 and len(password) >= 12
+    assert client.login(username="otto", password=password)
+    roles = json.loads(manage("user", "list", "--json").stdout)["users"]
+    assert {"username": "otto", "role": "operator"} in roles

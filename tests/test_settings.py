@@ -1,0 +1,105 @@
+"""Settings come from the environment; with none at all, every command still works."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+from controlpanel.env import env_bool, env_secret
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _settings_in_subprocess(tmp_path: Path, expr: str, **env: str) -> str:
+    clean = {
+        k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG"}
+    }
+    clean.update({"RANKWISE_STATE_DIR": str(tmp_path / "state"), **env})
+    code = f"import django; django.setup(); from django.conf import settings as s; print(({expr},))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env={**clean, "DJANGO_SETTINGS_MODULE": "controlpanel.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_defaults_give_sqlite_in_wal_mode_and_keep_generated_secrets(tmp_path):
+    expr = "s.DATABASES['default']['ENGINE'], s.DATABASES['default']['NAME'], s.SECRET_KEY"
+    first = _settings_in_subprocess(tmp_path, expr)
+    assert "sqlite3" in first and str(tmp_path / "state" / "rankwise.sqlite3") in first
+    assert _settings_in_subprocess(tmp_path, expr) == first  # same secret on the next start
+    key_file = tmp_path / "state" / "secret_key"
+    assert oct(key_file.stat().st_mode & 0o777) == "0o600"
+    assert (tmp_path / "state" / "rankwise_encryption_key").exists()
+    pragma = _settings_in_subprocess(
+        tmp_path,
+        "__import__('django.db').db.connection.cursor().execute('PRAGMA journal_mode').fetchone()",
+    )
+    assert pragma == "(('wal',),)"
+
+
+def test_postgres_url_is_understood(tmp_path):
+    out = _settings_in_subprocess(
+        tmp_path,
+        "s.DATABASES['default']['ENGINE'], s.DATABASES['default']['HOST']",
+        DATABASE_URL="postgres://postgres@127.0.0.1:5432/test",
+    )
+    assert out == "('django.db.backends.postgresql', '127.0.0.1')"
+
+
+def test_environment_wins_over_dotenv(tmp_path):
+    env_file = ROOT / ".env"
+    if env_file.exists():
+        pytest.skip("a developer .env exists; not touching it")
+    env_file.write_text("ALLOWED_HOSTS=from-dotenv\nTIME_ZONE=Europe/Paris\n")
+    try:
+        out = _settings_in_subprocess(
+            tmp_path, "s.ALLOWED_HOSTS, s.TIME_ZONE", ALLOWED_HOSTS="from-env"
+        )
+    finally:
+        env_file.unlink()
+    assert out == "(['from-env'], 'Europe/Paris')"
+
+
+def test_secret_file_variable_is_read(tmp_path, monkeypatch):
+    secret = tmp_path / "key"
+    secret.write_text("s3cret\n")
+    monkeypatch.delenv("TOKEN", raising=False)
+    monkeypatch.setenv("TOKEN_FILE", str(secret))
+    assert env_secret("TOKEN", tmp_path, lambda: "unused") == "s3cret"
+    monkeypatch.setenv("TOKEN_FILE", str(tmp_path / "missing"))
+    with pytest.raises(ImproperlyConfigured, match="TOKEN_FILE"):
+        env_secret("TOKEN", tmp_path, lambda: "unused")
+
+
+@pytest.mark.parametrize(("raw", "value"), [("true", True), ("False", False), ("1", True)])
+def test_env_bool(monkeypatch, raw, value):
+    monkeypatch.setenv("FLAG", raw)
+    assert env_bool("FLAG", not value) is value
+
+
+def test_env_bool_rejects_nonsense(monkeypatch):
+    monkeypatch.setenv("FLAG", "maybe")
+    with pytest.raises(ImproperlyConfigured, match="FLAG='maybe'"):
+        env_bool("FLAG", False)
+
+
+def test_celery_broker_is_the_real_redis():
+    from controlpanel.celery import app
+
+    assert app.conf.broker_url == settings.REDIS_URL
+    assert redis.Redis.from_url(settings.REDIS_URL).ping() is True
+    with app.connection_for_write() as connection:
+        connection.ensure_connection(max_retries=1)
