@@ -1,0 +1,46 @@
+"""A real browser: Debian's chromium driven by Playwright (no browser downloads)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+
+import pytest
+
+CHROMIUM = os.environ.get("RANKWISE_CHROMIUM", "/usr/bin/chromium")
+# Playwright's sync API runs an event loop in this thread; Django's guard would refuse the ORM
+# calls the tests make between browser steps, though nothing here runs concurrently.
+os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[object]:
+    if not shutil.which(CHROMIUM):
+        pytest.fail(f"{CHROMIUM} is missing: `./run test` installs Debian's chromium package")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser):
+    context = browser.new_context()
+    context.set_default_timeout(10_000)
+    page = context.new_page()
+    yield page
+    context.close()
