@@ -14,8 +14,6 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
