@@ -49,7 +49,7 @@ def _log_in(base: str, username: str, password: str) -> str:
     data = urllib.parse.urlencode(
         {"username": username, "password": password, "csrfmiddlewaretoken": token[1]}
     ).encode()
-    return opener.open(f"{base}/login/", data=data, timeout=10).read().decode()
+    return str(opener.open(f"{base}/login/", data=data, timeout=10).read().decode())
 
 
 def test_run_brings_up_panel_with_its_own_redis_and_stops_on_sigterm(tmp_path):
