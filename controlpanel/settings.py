@@ -7,11 +7,13 @@ clone: SQLite in ``var/``, Redis on 127.0.0.1:6379, secrets generated into ``var
 
 from __future__ import annotations
 
+import zoneinfo
 from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
 from cryptography.fernet import Fernet
+from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
 from controlpanel.env import env_bool, env_int, env_list, env_secret, env_str, random_token
@@ -24,6 +26,8 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 load_dotenv(BASE_DIR / ".env", override=False)
 
 STATE_DIR = Path(env_str("RANKWISE_STATE_DIR", str(BASE_DIR / "var")))
+if not str(STATE_DIR).strip() or (STATE_DIR.exists() and not STATE_DIR.is_dir()):
+    raise ImproperlyConfigured(f"RANKWISE_STATE_DIR={str(STATE_DIR)!r} is not a usable folder.")
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_secret("SECRET_KEY", STATE_DIR, random_token)
@@ -31,7 +35,15 @@ SECRET_KEY = env_secret("SECRET_KEY", STATE_DIR, random_token)
 RANKWISE_ENCRYPTION_KEY = env_secret(
     "RANKWISE_ENCRYPTION_KEY", STATE_DIR, lambda: Fernet.generate_key().decode()
 )
+try:
+    Fernet(RANKWISE_ENCRYPTION_KEY)
+except ValueError:
+    raise ImproperlyConfigured(
+        "RANKWISE_ENCRYPTION_KEY is not a Fernet key (32 url-safe base64-encoded bytes)."
+    ) from None
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", "localhost,127.0.0.1")
+if not ALLOWED_HOSTS and not DEBUG:
+    raise ImproperlyConfigured("ALLOWED_HOSTS is empty: name the host names the panel answers to.")
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", "")
 
 INSTALLED_APPS = [
@@ -82,12 +94,15 @@ TEMPLATES = [
 ]
 FORM_RENDERER = "controlpanel.renderers.FormRenderer"
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{STATE_DIR / 'rankwise.sqlite3'}"),
-        conn_max_age=env_int("DATABASE_CONN_MAX_AGE", 0),
-    )
-}
+try:
+    DATABASES = {
+        "default": dj_database_url.parse(
+            env_str("DATABASE_URL", f"sqlite:///{STATE_DIR / 'rankwise.sqlite3'}"),
+            conn_max_age=max(0, env_int("DATABASE_CONN_MAX_AGE", 0)),
+        )
+    }
+except ValueError as exc:  # dj-database-url's UnknownSchemeError is a ValueError
+    raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web server read while a worker writes; the busy timeout (seconds) and
     # IMMEDIATE transactions make concurrent writers wait instead of failing with "locked".
@@ -110,6 +125,10 @@ LOGOUT_REDIRECT_URL = "login"
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = env_str("TIME_ZONE", "UTC")
+try:
+    zoneinfo.ZoneInfo(TIME_ZONE)
+except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+    raise ImproperlyConfigured(f"TIME_ZONE={TIME_ZONE!r} is not a time zone name.") from None
 USE_I18N = True
 USE_TZ = True
 
@@ -138,11 +157,15 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
 # The account management commands act as when neither --actor nor RANKWISE_ACTOR names one.
 RANKWISE_CLI_USER = "cli"
 
+LOG_LEVEL = env_str("LOG_LEVEL", "INFO").strip().upper()
+if LOG_LEVEL not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):
+    raise ImproperlyConfigured(f"LOG_LEVEL={LOG_LEVEL!r}: use DEBUG, INFO, WARNING or ERROR.")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
-    "loggers": {"django.db.backends": {"level": "INFO"}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    # 403/404 are answered to the user; a traceback per refusal would only bury real errors.
+    "loggers": {"django.db.backends": {"level": "INFO"}, "django.request": {"level": "ERROR"}},
 }

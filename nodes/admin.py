@@ -10,26 +10,10 @@ from django.http import HttpRequest
 from nodes.models import AuditEntry, Gpu, Node
 
 
-class GpuInline(admin.TabularInline[Gpu, Node]):
-    model = Gpu
-    extra = 0
+class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Support can look; changes go through the panel, where they are validated and audited."""
 
-
-@admin.register(Node)
-class NodeAdmin(admin.ModelAdmin[Node]):
-    list_display = ["name", "host", "port", "ssh_user", "status", "host_ram_bytes", "last_seen"]
-    list_filter = ["status"]
-    search_fields = ["name", "host"]
-    inlines = [GpuInline]
-
-
-@admin.register(AuditEntry)
-class AuditEntryAdmin(admin.ModelAdmin[AuditEntry]):
-    list_display = ["time", "actor_name", "action", "object_repr", "request_id"]
-    list_filter = ["action"]
-    search_fields = ["actor_name", "object_repr", "request_id"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -37,3 +21,32 @@ class AuditEntryAdmin(admin.ModelAdmin[AuditEntry]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class GpuInline(admin.TabularInline[Gpu, Node]):
+    model = Gpu
+    extra = 0
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Node)
+class NodeAdmin(ReadOnlyAdmin):
+    list_display = ["name", "host", "port", "ssh_user", "status", "host_ram_bytes", "last_seen"]
+    list_filter = ["status"]
+    search_fields = ["name", "host"]
+    inlines = [GpuInline]
+
+
+@admin.register(AuditEntry)
+class AuditEntryAdmin(ReadOnlyAdmin):
+    list_display = ["time", "actor_name", "action", "object_repr", "request_id"]
+    list_filter = ["action"]
+    search_fields = ["actor_name", "object_repr", "request_id"]

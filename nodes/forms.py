@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from decimal import Decimal
 from typing import Any
 
@@ -12,6 +13,29 @@ from django.db import transaction
 from nodes.domain import inventory as rules
 from nodes.domain.units import ENTRY_UNITS, UnitError, best_entry_unit, to_bytes
 from nodes.models import Gpu, Node
+
+_ASCII_INT = re.compile(r"[0-9]{1,15}")
+_ASCII_DECIMAL = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
+
+
+class StrictIntegerField(forms.IntegerField):
+    """Plain ASCII digits only: no exponents, underscores or other scripts' digits."""
+
+    def to_python(self, value: Any) -> int | None:
+        text = str(value).strip() if value is not None else ""
+        if text and not _ASCII_INT.fullmatch(text.lstrip("-")):
+            raise forms.ValidationError("Enter a whole number.", code="invalid")
+        return super().to_python(text)
+
+
+class StrictDecimalField(forms.DecimalField):
+    """Plain ASCII decimal notation only (``96`` or ``141.5``), as the CLI accepts."""
+
+    def to_python(self, value: Any) -> Decimal | None:  # type: ignore[override]
+        text = str(value).strip() if value is not None else ""
+        if text and not _ASCII_DECIMAL.fullmatch(text.lstrip("-")):
+            raise forms.ValidationError("Enter a number such as 96 or 141.5.", code="invalid")
+        return super().to_python(text)
 
 
 class SizeWidget(forms.MultiWidget):
@@ -42,7 +66,7 @@ class SizeField(forms.MultiValueField):
 
     def __init__(self, **kwargs: Any) -> None:
         fields = (
-            forms.DecimalField(min_value=Decimal(0), max_digits=24, decimal_places=9),
+            StrictDecimalField(min_value=Decimal(0), max_digits=24, decimal_places=9),
             forms.ChoiceField(choices=[(unit, unit) for unit in ENTRY_UNITS]),
         )
         super().__init__(fields, require_all_fields=True, **kwargs)
@@ -51,6 +75,8 @@ class SizeField(forms.MultiValueField):
         if not data_list or data_list[0] is None:
             return None
         number, unit = data_list
+        if unit not in ENTRY_UNITS:
+            raise forms.ValidationError("Choose GB or GiB.")
         try:
             return to_bytes(number, unit)
         except UnitError as exc:
@@ -60,7 +86,10 @@ class SizeField(forms.MultiValueField):
 class NodeForm(forms.ModelForm[Node]):
     """Create or edit a node by hand: SSH address, GPUs (count × model × memory), host RAM."""
 
-    gpu_count = forms.IntegerField(
+    port = StrictIntegerField(
+        label="SSH port", initial=22, widget=forms.NumberInput(attrs={"min": 1, "max": 65535})
+    )
+    gpu_count = StrictIntegerField(
         label="GPU count", min_value=0, max_value=rules.MAX_GPUS_PER_NODE, initial=0
     )
     gpu_name = forms.CharField(label="GPU model", max_length=128, required=False)
@@ -119,8 +148,10 @@ class NodeForm(forms.ModelForm[Node]):
 
     def clean_key_file(self) -> str:
         path: str = self.cleaned_data["key_file"].strip()
-        if path and (not os.path.isabs(path) or any(c in path for c in "\0\n\r")):
+        if path and (not os.path.isabs(path) or not path.isprintable()):
             raise forms.ValidationError("Give the key file as an absolute path on the panel host.")
+        if path and not os.path.isfile(path):
+            raise forms.ValidationError(f"There is no file {path} on the panel host.")
         return path
 
     def clean_gpu_name(self) -> str:
@@ -149,12 +180,20 @@ class NodeForm(forms.ModelForm[Node]):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        if data.get("gpu_count") == 0 and data.get("gpu_memory") is not None:
+            self.add_error("gpu_count", "GPU memory is given, so give the GPU count too.")
         if data.get("gpu_count"):
             if not data.get("gpu_name") and "gpu_name" not in self.errors:
                 self.add_error("gpu_name", "Name the GPU model (e.g. NVIDIA H200).")
             if data.get("gpu_memory") is None and "gpu_memory" not in self.errors:
                 self.add_error("gpu_memory", "Give the memory of each GPU, with its unit.")
         return data
+
+    def gpus_changed(self) -> bool:
+        """Whether the GPU inputs differ from what was shown (mixed nodes keep their GPUs)."""
+        if not self.instance.pk:
+            return True
+        return bool({"gpu_count", "gpu_name", "gpu_memory"} & set(self.changed_data))
 
     def gpu_specs(self) -> list[rules.GpuSpec]:
         data = self.cleaned_data
@@ -169,7 +208,7 @@ class NodeForm(forms.ModelForm[Node]):
         node.labels = self.cleaned_data.get("labels_text", [])
         node.save()
         wanted = self.gpu_specs()
-        if wanted != node.gpu_specs():
+        if self.gpus_changed() and wanted != node.gpu_specs():
             node.gpus.all().delete()
             Gpu.objects.bulk_create(
                 Gpu(node=node, index=g.index, name=g.name, memory_total_bytes=g.memory_total_bytes)

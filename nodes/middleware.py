@@ -19,7 +19,7 @@ class RequestIdMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         incoming = request.headers.get("X-Request-ID", "")
-        request_id = incoming if _SAFE_ID.match(incoming) else uuid.uuid4().hex
+        request_id = incoming if _SAFE_ID.fullmatch(incoming) else uuid.uuid4().hex
         request.request_id = request_id  # type: ignore[attr-defined]
         response = self.get_response(request)
         response["X-Request-ID"] = request_id

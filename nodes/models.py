@@ -60,7 +60,7 @@ class Node(models.Model):
                 {"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes}
                 for g in self.gpu_specs()
             ],
-            "labels": list(self.labels),
+            "labels": list(self.labels) if isinstance(self.labels, list) else [],
             "notes": self.notes,
             "status": self.status,
             "last_seen": self.last_seen.isoformat() if self.last_seen else None,

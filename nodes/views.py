@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
@@ -88,6 +90,8 @@ def node_delete(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 def audit_list(request: HtmxHttpRequest) -> HttpResponse:
     entries = AuditEntry.objects.select_related("actor")
     action = request.GET.get("action", "").strip()
+    if not re.fullmatch(r"[a-z_.]{0,64}", action):
+        action = ""
     if action:
         entries = entries.filter(action__startswith=action)
     page = Paginator(entries, 50).get_page(request.GET.get("page"))

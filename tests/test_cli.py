@@ -27,7 +27,8 @@ def manage(settings):
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         environ = {**os.environ, "DATABASE_URL": url, **env}
-        environ.pop("RANKWISE_ACTOR", None) if "RANKWISE_ACTOR" not in env else None
+        if "RANKWISE_ACTOR" not in env:
+            environ.pop("RANKWISE_ACTOR", None)
         return subprocess.run(
             [sys.executable, "manage.py", *args],
             cwd=ROOT,
@@ -92,9 +93,13 @@ def test_plain_list_shows_units(manage):
     [
         (["--gpu-memory", "96"], "--gpu-memory: '96' has no unit"),
         (["--host-ram", "449"], "--host-ram: '449' has no unit"),
-        (["--gpu-memory", "96MiB"], "--gpu-memory: give the size in GB or GiB"),
+        (["--gpu-memory", "96MiB"], "--gpu-memory: '96MiB': give the size in GB or GiB, not MiB"),
+        (["--host-ram", "449gb"], "--host-ram: '449gb': give the size in GB or GiB"),
         (["--gpu-memory", "-96GiB"], "--gpu-memory: '-96GiB' is not a size"),
-        (["--gpu-memory", "9000GiB"], "--gpu-memory: 9000 GiB per GPU is outside"),
+        (
+            ["--gpu-memory", "9000GiB"],
+            "--gpu-memory: 9000 GiB (9,663,676,416,000 bytes) per GPU is outside",
+        ),
         (["--host", "a;rm -rf /"], "--host: 'a;rm -rf /' is not a valid host name"),
         (["--port", "99999"], "--port: A port is a number from 1 to 65535."),
     ],
@@ -163,3 +168,53 @@ def test_user_add_prints_password_once_and_it_logs_in(manage, client):
     assert client.login(username="otto", password=password)
     roles = json.loads(manage("user", "list", "--json").stdout)["users"]
     assert {"username": "otto", "role": "operator"} in roles
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [["node"], ["node", "bogus"], ["node", "list", "--json", "-v", "9"], ["user", "add", "x"]],
+)
+def test_every_usage_error_is_one_line(manage, argv):
+    result = manage(*argv)
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("username", "reason"),
+    [("", "username ''"), ("a b", "Enter a valid username"), ("x" * 151, "at most 150")],
+)
+def test_user_add_refuses_bad_usernames(manage, username, reason):
+    result = manage("user", "add", username, "--role", "viewer")
+    assert result.returncode == 1 and reason in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_user_add_refuses_weak_password(manage):
+    result = manage("user", "add", "wendy", "--role", "viewer", "--password", "1")
+    assert result.returncode == 1 and "--password: This password is too short" in result.stderr
+
+
+def test_empty_actor_is_refused_not_treated_as_cli(manage):
+    assert "--actor is empty" in manage(*INCIDENT_NODE, "--actor", "").stderr
+    assert "RANKWISE_ACTOR is empty" in manage(*INCIDENT_NODE, RANKWISE_ACTOR="").stderr
+    assert not Node.objects.exists()
+
+
+def test_set_role_refuses_the_cli_account_and_superusers(manage, django_user_model):
+    django_user_model.objects.create_superuser("root-su", password=None)
+    cli = manage("user", "set-role", "cli", "viewer")
+    assert cli.returncode == 1 and "always an admin" in cli.stderr
+    su = manage("user", "set-role", "root-su", "viewer")
+    assert su.returncode == 1 and "superuser" in su.stderr
+    assert manage(*INCIDENT_NODE).returncode == 0
+
+
+def test_key_file_must_exist_and_relative_paths_resolve_from_here(manage, tmp_path):
+    missing = manage(*INCIDENT_NODE, "--key-file", str(tmp_path / "nope"))
+    assert missing.returncode == 1 and "There is no file" in missing.stderr
+    key = tmp_path / "id_ed25519"
+    key.write_text("not really a key")
+    added = manage(*INCIDENT_NODE, "--key-file", str(key))
+    assert added.returncode == 0, added.stderr
+    assert json.loads(manage("node", "show", "gpu-01", "--json").stdout)["key_file"] == str(key)

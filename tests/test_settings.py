@@ -17,7 +17,7 @@ from controlpanel.env import env_bool, env_secret
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _settings_in_subprocess(tmp_path: Path, expr: str, **env: str) -> str:
+def _run_settings(tmp_path: Path, expr: str, **env: str) -> subprocess.CompletedProcess[str]:
     clean = {
         k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG"}
     }
@@ -31,8 +31,31 @@ def _settings_in_subprocess(tmp_path: Path, expr: str, **env: str) -> str:
         text=True,
         timeout=60,
     )
+    return result
+
+
+def _settings_in_subprocess(tmp_path: Path, expr: str, **env: str) -> str:
+    result = _run_settings(tmp_path, expr, **env)
     assert result.returncode == 0, result.stderr
     return result.stdout.strip()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"DATABASE_URL": "garbage"}, "DATABASE_URL is not a database URL"),
+        ({"TIME_ZONE": "Mars/Olympus"}, "TIME_ZONE='Mars/Olympus' is not a time zone"),
+        ({"LOG_LEVEL": "LOUD"}, "LOG_LEVEL='LOUD'"),
+        ({"DEBUG": "maybe"}, "DEBUG='maybe' is not a boolean"),
+        ({"RANKWISE_ENCRYPTION_KEY": "garbage"}, "RANKWISE_ENCRYPTION_KEY is not a Fernet key"),
+        ({"ALLOWED_HOSTS": ""}, "ALLOWED_HOSTS is empty"),
+        ({"RANKWISE_STATE_DIR": "/etc/hostname"}, "is not a usable folder"),
+    ],
+)
+def test_bad_settings_fail_naming_the_variable(tmp_path, env, message):
+    result = _run_settings(tmp_path, "s.DEBUG", **env)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr and message in result.stderr
 
 
 def test_defaults_give_sqlite_in_wal_mode_and_keep_generated_secrets(tmp_path):

@@ -53,6 +53,9 @@ def check_host(host: str) -> str | None:
     """A host is an IPv4/IPv6 address or an RFC 1123 host name (no spaces, no leading '-')."""
     if not host:
         return "Enter a host name or IP address."
+    if "%" in host:
+        # ipaddress accepts any IPv6 zone id ("fe80::1%anything"); SSH targets need none.
+        return f"{host!r} is not a valid host name or IP address (no zone ids)."
     try:
         ipaddress.ip_address(host)
     except ValueError:
@@ -92,7 +95,10 @@ def check_gpu_memory(size: int) -> str | None:
     """Per-GPU memory between 1 GiB and 4 TiB, in bytes."""
     if not MIN_GPU_MEMORY_BYTES <= size <= MAX_GPU_MEMORY_BYTES:
         low, high = format_bytes(MIN_GPU_MEMORY_BYTES), format_bytes(MAX_GPU_MEMORY_BYTES, "TiB")
-        return f"{format_bytes(size)} per GPU is outside the plausible range ({low} to {high})."
+        return (
+            f"{format_bytes(size, places=3)} ({size:,} bytes) per GPU is outside the plausible "
+            f"range ({low} to {high})."
+        )
 
     return None
 
@@ -101,7 +107,8 @@ def check_host_ram(size: int) -> str | None:
     """Host RAM between 1 GB and 64 TiB, in bytes."""
     if not MIN_HOST_RAM_BYTES <= size <= MAX_HOST_RAM_BYTES:
         return (
-            f"{format_bytes(size, 'GB')} of host RAM is outside the plausible range "
+            f"{format_bytes(size, 'GB', places=3)} ({size:,} bytes) of host RAM is outside the "
+            "plausible range "
             f"({format_bytes(MIN_HOST_RAM_BYTES, 'GB')} to "
             f"{format_bytes(MAX_HOST_RAM_BYTES, 'TiB')})."
         )

@@ -36,7 +36,10 @@ UNITS: dict[str, int] = {
 #: The two units a person chooses between when typing a size into the panel.
 ENTRY_UNITS = ("GiB", "GB")
 
-_SIZE = re.compile(r"^\s*(?P<number>[0-9]+(?:\.[0-9]+)?)\s*(?P<unit>[A-Za-z]+)\s*$")
+# At most 15 integer digits and 9 decimals: enough for any memory size, small enough to stay exact.
+_NUMBER = r"[0-9]{1,15}(?:\.[0-9]{1,9})?"
+_SIZE = re.compile(rf"^\s*(?P<number>{_NUMBER})\s*(?P<unit>[A-Za-z]+)\s*$")
+_BARE = re.compile(rf"^\s*{_NUMBER}\s*$")
 
 
 class UnitError(ValueError):
@@ -54,9 +57,9 @@ def to_bytes(value: Decimal | int | str, unit: str) -> int:
     try:
         number = Decimal(value)
     except (InvalidOperation, ValueError):
-        raise UnitError(f"{value!r} is not a number") from None
-    if not number.is_finite():
-        raise UnitError(f"{value!r} is not a finite number")
+        raise UnitError(f"{str(value)[:40]!r} is not a number") from None
+    if not number.is_finite() or abs(number.adjusted()) > 30:
+        raise UnitError(f"{str(value)[:40]!r} is not a plausible size")
     if number < 0:
         raise UnitError("a size cannot be negative")
     return int((number * UNITS[unit]).to_integral_value(rounding=ROUND_HALF_UP))
@@ -70,13 +73,12 @@ def split_size(text: str) -> tuple[Decimal, str]:
     """
     match = _SIZE.match(text)
     if match is None:
-        stripped = text.strip()
-        try:
-            bare = Decimal(stripped)
-        except (InvalidOperation, ValueError):
+        if not _BARE.match(text):
             raise UnitError(
-                f"{text!r} is not a size; write a number and a unit, e.g. 96GiB or 449GB"
-            ) from None
+                f"{text[:40]!r} is not a size; write a number and a unit, e.g. 96GiB or 449GB"
+            )
+        stripped = text.strip()
+        bare = Decimal(stripped)
         raise UnitError(
             f"{stripped!r} has no unit: say {stripped}GB ({to_bytes(bare, 'GB'):,} bytes) "
             f"or {stripped}GiB ({to_bytes(bare, 'GiB'):,} bytes)"

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import os
 from argparse import ArgumentParser
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.core.management.base import CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nodes.choices import Role
 from nodes.roles import has_role
@@ -27,6 +27,15 @@ class OneLineParser(CommandParser):
         raise CommandError(f"Error: {message}")
 
 
+class OneLineCommand(BaseCommand):
+    """A management command whose every usage error, top-level ones included, is one line."""
+
+    def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
+        parser = super().create_parser(prog_name, subcommand, **kwargs)
+        parser.__class__ = OneLineParser
+        return parser
+
+
 def add_actor_argument(parser: ArgumentParser) -> None:
     parser.add_argument(
         "--actor",
@@ -37,7 +46,15 @@ def add_actor_argument(parser: ArgumentParser) -> None:
 
 def resolve_actor(name: str | None, needs: Role) -> AbstractBaseUser:
     """Return the acting user, or raise ``CommandError`` if unknown, inactive or below ``needs``."""
-    username = name or os.environ.get("RANKWISE_ACTOR") or settings.RANKWISE_CLI_USER
+    if name is not None:
+        source, username = "--actor", name
+    elif "RANKWISE_ACTOR" in os.environ:
+        source, username = "RANKWISE_ACTOR", os.environ["RANKWISE_ACTOR"]
+    else:
+        source, username = "", settings.RANKWISE_CLI_USER
+    if not username.strip():
+        # An empty value is a script's unset variable, not a request to act as the cli admin.
+        raise CommandError(f"{source} is empty; name the user to act as")
     user = get_user_model().objects.filter(username=username).first()
     if user is None:
         raise CommandError(f"no user named {username!r} to act as (see --actor)")

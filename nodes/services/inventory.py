@@ -21,12 +21,15 @@ def save_node(form: NodeForm, *, actor: Actor, request: HttpRequest | None = Non
     before = form.snapshot_before
     with transaction.atomic():
         node = form.save()
+        after = node.audit_snapshot()
+        if before == after:
+            return node
         record(
             "node.update" if before else "node.create",
             actor=actor,
             obj=node,
             before=before,
-            after=node.audit_snapshot(),
+            after=after,
             request=request,
         )
     return node

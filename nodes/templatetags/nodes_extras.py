@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django import template
 
 from nodes.domain.units import UNITS, format_bytes
@@ -15,6 +17,14 @@ def size(value: int | None, unit: str = "GiB") -> str:
     if value is None:
         return "unknown"
     return format_bytes(int(value), unit if unit in UNITS else "GiB")
+
+
+@register.filter
+def as_json(value: object) -> str:
+    """Pretty JSON for audit before/after snapshots; ``None`` reads as an em dash."""
+    if value is None:
+        return "—"
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
 
 
 @register.filter

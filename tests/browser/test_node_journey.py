@@ -41,7 +41,7 @@ def test_admin_adds_node_after_fixing_a_bad_size_and_viewer_cannot_change_it(liv
     page.get_by_role("button", name="Add node").click()
 
     expect(gpu_memory.locator(".errorlist")).to_contain_text(
-        "9600 GiB per GPU is outside the plausible range"
+        "9600 GiB (10,307,921,510,400 bytes) per GPU is outside the plausible range"
     )
     assert not Node.objects.exists()
     # What the user typed is still there after the error.

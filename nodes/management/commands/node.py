@@ -10,17 +10,17 @@ import json
 import os
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
 
 from nodes.choices import Role
 from nodes.domain.units import UnitError, format_bytes, split_size
 from nodes.forms import NodeForm
-from nodes.management.cli import OneLineParser, add_actor_argument, resolve_actor
+from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.models import Node
 from nodes.services.inventory import save_node
 
 
-class Command(BaseCommand):
+class Command(OneLineCommand):
     help = "Add, list and show nodes in the inventory."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -113,9 +113,11 @@ def _size_data(field: str, text: str | None, flag: str) -> dict[str, Any]:
     try:
         number, unit = split_size(text)
     except UnitError as exc:
+        if "unknown unit" in str(exc):
+            raise CommandError(f"{flag}: {text!r}: give the size in GB or GiB") from None
         raise CommandError(f"{flag}: {exc}") from None
     if unit not in ("GB", "GiB"):
-        raise CommandError(f"{flag}: give the size in GB or GiB, not {unit}")
+        raise CommandError(f"{flag}: {text!r}: give the size in GB or GiB, not {unit}")
     return {f"{field}_0": str(number), f"{field}_1": unit}
 
 

@@ -6,18 +6,21 @@ import json
 import secrets
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from nodes.audit import record
 from nodes.choices import ROLE_ORDER, Role
-from nodes.management.cli import OneLineParser, add_actor_argument, resolve_actor
+from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.roles import role_of
 
 
-class Command(BaseCommand):
+class Command(OneLineCommand):
     help = "Add users, change their role, list them."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -48,15 +51,25 @@ class Command(BaseCommand):
         actor = resolve_actor(options["actor"], Role.ADMIN)
         users = get_user_model().objects
         username = options["username"]
-        if users.filter(username=username).exists():
+        field = get_user_model()._meta.get_field("username")
+        try:
+            field.clean(username, None)
+        except ValidationError as exc:
+            raise CommandError(f"username {username[:40]!r}: {' '.join(exc.messages)}") from None
+        if users.filter(username__iexact=username).exists():
             raise CommandError(f"a user named {username!r} exists already")
+        if options["password"] is not None:
+            try:
+                validate_password(options["password"], get_user_model()(username=username))
+            except ValidationError as exc:
+                raise CommandError(f"--password: {' '.join(exc.messages)}") from None
         password = options["password"] or secrets.token_urlsafe(12)
         with transaction.atomic():
             user = users.create_user(username=username, password=password)
             user.groups.set([Group.objects.get(name=options["role"])])
             record("user.create", actor=actor, obj=user, after={"role": options["role"]})
         self.stderr.write(f"Created {username} ({options['role']}).")
-        if not options["password"]:
+        if options["password"] is None:
             self.stdout.write(password)
 
     def set_role(self, options: dict[str, Any]) -> None:
@@ -64,6 +77,13 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=options["username"]).first()
         if user is None:
             raise CommandError(f"no user named {options['username']!r}")
+        if user.get_username() == settings.RANKWISE_CLI_USER:
+            raise CommandError("the built-in cli account is always an admin")
+        if user.is_superuser:
+            raise CommandError(
+                f"{user.get_username()} is a superuser and so always an admin; "
+                "remove superuser status in the Django admin first"
+            )
         before = role_of(user)
         with transaction.atomic():
             user.groups.set([Group.objects.get(name=options["role"])])
