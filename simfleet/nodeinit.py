@@ -61,6 +61,7 @@ def build_dev(config: dict[str, object]) -> None:
         names = [f"nvidia{g['index']}" for g in config["gpus"]]  # type: ignore[attr-defined]
         for name in [*names, "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"]:
             os.mknod(os.path.join(staging, name), 0o20666, os.makedev(1, 3))
+            os.chmod(os.path.join(staging, name), 0o666)
     mount("--move", staging, "/dev")
 
 
@@ -101,14 +102,15 @@ def build_usr_local(config: dict[str, object]) -> None:
 
 
 def build_home(node_dir: str, models_dir: str) -> None:
+    # /srv first: the fleet's state folder may itself live under /tmp or /root.
+    mount("-t", "tmpfs", "-o", "mode=755,size=1m", "srv", "/srv")
+    os.makedirs("/srv/models")
+    mount("--bind", "-o", "ro", models_dir, "/srv/models")
     for name, target in (("home", "/root"), ("tmp", "/tmp")):
         source = os.path.join(node_dir, name)
         os.makedirs(source, exist_ok=True)
         mount("--bind", source, target)
     os.chmod("/tmp", 0o1777)
-    mount("-t", "tmpfs", "-o", "mode=755,size=1m", "srv", "/srv")
-    os.makedirs("/srv/models")
-    mount("--bind", "-o", "ro", models_dir, "/srv/models")
 
 
 def start_sshd() -> subprocess.Popen[bytes]:
@@ -151,7 +153,7 @@ def main() -> None:
             sshd = start_sshd()
         with contextlib.suppress(OSError), state.locked():
             state.publish()
-        time.sleep(0.25)
+        time.sleep(0.1)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,51 @@ import pytest
 from django.test import Client
 
 from tests.factories import make_user
+from tests.fleet import bring_up, simfleet
+
+# The fleet the simulated-node tests share. Each node has a job; tests that leave a node dirty
+# reboot it first (see ``fresh``). Sizes follow the incident: 8 × 96 GiB GPUs, 449 GB of RAM.
+FLEET_SPEC = {
+    "nodes": [
+        {
+            "name": "incident",
+            "gpus": 8,
+            "gpu_memory": "96GiB",
+            "host_ram": "449GB",
+            "sglang_version": "0.5.9",
+            "speed": 8,
+        },
+        {
+            "name": "modern",
+            "gpus": 8,
+            "gpu_memory": "96GiB",
+            "host_ram": "449GB",
+            "sglang_version": "0.5.23",
+            "speed": 8,
+        },
+        {
+            "name": "leaky",
+            "gpus": 2,
+            "gpu_memory": "80GiB",
+            "host_ram": "200GB",
+            "faults": ["leak-on-crash"],
+            "speed": 8,
+        },
+        {"name": "no-nvml", "gpus": 2, "faults": ["no-nvml"], "speed": 8},
+        {"name": "no-driver", "gpus": 2, "faults": ["no-driver"], "speed": 8},
+        {"name": "spare", "gpus": 2, "gpu_memory": "80GiB", "host_ram": "200GB", "speed": 8},
+    ]
+}
+
+
+@pytest.fixture(scope="session")
+def sim_fleet(tmp_path_factory):
+    """A simulated fleet for the whole session, always torn down at the end."""
+    state = str(tmp_path_factory.mktemp("fleet"))
+    try:
+        yield bring_up(state, FLEET_SPEC)
+    finally:
+        simfleet("down", "--state", state, check=False)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from simnode import gpus as gpu_state
 from simnode import state
@@ -83,8 +84,8 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _parse(argv: list[str]) -> dict[str, object] | str:
-    options: dict[str, object] = {}
+def _parse(argv: list[str]) -> dict[str, Any] | str:
+    options: dict[str, Any] = {}
     args = list(argv)
     while args:
         arg = args.pop(0)

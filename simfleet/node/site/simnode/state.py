@@ -46,14 +46,31 @@ def speed() -> float:
     return float(config().get("speed", 1.0)) or 1.0
 
 
+_lock_depth = 0
+
+
 @contextlib.contextmanager
 def locked() -> Iterator[None]:
-    """Serialise ledger changes node-wide (every writer runs inside the node)."""
-    with open(path("ledger.lock"), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    """Serialise ledger changes node-wide (every writer runs inside the node).
+
+    Re-entrant within a process: a signal handler that releases memory while the interrupted
+    code holds the lock must not wait on itself.
+    """
+    global _lock_depth
+    if _lock_depth:
+        _lock_depth += 1
         try:
             yield
         finally:
+            _lock_depth -= 1
+        return
+    with open(path("ledger.lock"), "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _lock_depth = 1
+        try:
+            yield
+        finally:
+            _lock_depth = 0
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
@@ -138,8 +155,18 @@ def _read_json(target: str) -> dict[str, Any] | None:
         return None
 
 
+_registered_exit = False
+
+
 def my_entry() -> dict[str, Any]:
+    global _registered_exit
     pid = os.getpid()
+    if not _registered_exit:
+        # A normal exit gives memory back at once, as the kernel does at process exit.
+        import atexit
+
+        atexit.register(release_mine)
+        _registered_exit = True
     entry = _read_json(_entry_path(pid))
     if entry is None:
         state = proc_state(pid)
@@ -211,6 +238,8 @@ def add_gpu_bytes(index: int, size: int) -> None:
 
 def release_mine() -> None:
     """A clean exit: everything this process held is freed."""
+    if not os.path.exists(_entry_path(os.getpid())):
+        return
     with locked():
         with contextlib.suppress(FileNotFoundError):
             os.unlink(_entry_path(os.getpid()))
@@ -266,6 +295,7 @@ def pin_host(size: int, chunks: int = 8, pause: float = 0.0) -> None:
                 live = [e for e in live if e["pid"] != victim["pid"]]
             entry = my_entry()
             entry["host_bytes"] = entry.get("host_bytes", 0) + grant
+            entry["pin_step"] = step
             _write_json(_entry_path(os.getpid()), entry)
             publish()
         if pause:
@@ -279,12 +309,16 @@ def memory_limit() -> int:
 
 
 def _oom_victim(live: list[dict[str, Any]]) -> dict[str, Any] | None:
-    # Like Linux's select_bad_process: the largest wins, and on a tie the later task does.
-    best = None
-    for entry in sorted(live, key=lambda e: e["pid"]):
-        if best is None or entry.get("host_bytes", 0) >= best.get("host_bytes", 0):
-            best = entry
-    return best if best is not None and best.get("host_bytes", 0) > 0 else None
+    """Like Linux's select_bad_process: the largest wins; on a tie the later task does.
+
+    Processes pinning side by side differ by at most the step they are faulting in; those count
+    as tied, as their badness scores would be within noise.
+    """
+    largest = max((e.get("host_bytes", 0) for e in live), default=0)
+    if largest <= 0:
+        return None
+    tied = [e for e in live if e.get("host_bytes", 0) >= largest - e.get("pin_step", 0)]
+    return max(tied, key=lambda e: e["pid"])
 
 
 def _oom_kill(victim: dict[str, Any]) -> None:
@@ -318,13 +352,40 @@ def _comm(pid: int) -> str:
 # --- what the node shows -----------------------------------------------------------------------
 
 _MEMINFO_KEYS = (
-    "MemTotal", "MemFree", "MemAvailable", "Buffers", "Cached", "SwapCached", "Active",
-    "Inactive", "Unevictable", "Mlocked", "SwapTotal", "SwapFree", "Dirty", "Writeback",
-    "AnonPages", "Mapped", "Shmem", "KReclaimable", "Slab", "SReclaimable", "SUnreclaim",
-    "KernelStack", "PageTables", "CommitLimit", "Committed_AS", "VmallocTotal", "VmallocUsed",
-    "HugePages_Total", "HugePages_Free", "HugePages_Rsvd", "HugePages_Surp", "Hugepagesize",
+    "MemTotal",
+    "MemFree",
+    "MemAvailable",
+    "Buffers",
+    "Cached",
+    "SwapCached",
+    "Active",
+    "Inactive",
+    "Unevictable",
+    "Mlocked",
+    "SwapTotal",
+    "SwapFree",
+    "Dirty",
+    "Writeback",
+    "AnonPages",
+    "Mapped",
+    "Shmem",
+    "KReclaimable",
+    "Slab",
+    "SReclaimable",
+    "SUnreclaim",
+    "KernelStack",
+    "PageTables",
+    "CommitLimit",
+    "Committed_AS",
+    "VmallocTotal",
+    "VmallocUsed",
+    "HugePages_Total",
+    "HugePages_Free",
+    "HugePages_Rsvd",
+    "HugePages_Surp",
+    "Hugepagesize",
     "Hugetlb",
-)  # fmt: skip
+)
 
 
 def render_meminfo(live: list[dict[str, Any]] | None = None) -> str:

@@ -1,0 +1,444 @@
+"""Bring a fleet of simulated nodes up and down, and act on its nodes (host side, as root).
+
+A fleet lives in a state folder. Its id (a hash of the folder's real path) names its network
+namespaces (``sf-<id>-<n>``), links (``sf<id><n>h``/``n``) and addresses (``10.A.B.0/24``, a /30
+per node), so fleets with different state folders never collide. Traffic only ever goes to these
+addresses: the nodes exist only inside this machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from simfleet import models
+from simfleet.spec import NodeSpec
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NODE_PYTHON = "/usr/bin/python3"
+
+
+class FleetError(RuntimeError):
+    """Something the operator of the fleet must fix; the message says what."""
+
+
+@dataclass
+class NodeRecord:
+    """Where a node lives: names and addresses derived from the fleet id and its number."""
+
+    name: str
+    number: int
+    netns: str
+    host_link: str
+    node_link: str
+    host_address: str
+    address: str
+    spec: dict[str, Any]
+
+
+def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(argv, capture_output=True, text=True)
+    if check and result.returncode != 0:
+        raise FleetError(f"{' '.join(argv)}: {result.stderr.strip() or result.stdout.strip()}")
+    return result
+
+
+class Fleet:
+    """A fleet in ``state_dir``. Every method is safe to repeat."""
+
+    def __init__(self, state_dir: str) -> None:
+        self.state_dir = os.path.realpath(state_dir)
+        digest = hashlib.sha1(self.state_dir.encode()).digest()
+        self.fleet_id = digest[:3].hex()
+        self.subnet = (10, 64 + digest[3] % 128, digest[4])
+        self.manifest_path = os.path.join(self.state_dir, "fleet.json")
+
+    # --- records -------------------------------------------------------------------------------
+
+    def records(self) -> list[NodeRecord]:
+        try:
+            with open(self.manifest_path) as handle:
+                return [NodeRecord(**n) for n in json.load(handle)["nodes"]]
+        except FileNotFoundError:
+            return []
+
+    def record(self, name: str) -> NodeRecord:
+        for record in self.records():
+            if record.name == name:
+                return record
+        raise FleetError(f"no node named {name!r} in the fleet at {self.state_dir}")
+
+    def _save(self, records: list[NodeRecord]) -> None:
+        os.makedirs(self.state_dir, exist_ok=True)
+        tmp = self.manifest_path + ".tmp"
+        with open(tmp, "w") as handle:
+            json.dump({"fleet_id": self.fleet_id, "nodes": [asdict(r) for r in records]}, handle)
+        os.replace(tmp, self.manifest_path)
+
+    def default_name(self, number: int) -> str:
+        return f"sim-{self.fleet_id[:4]}-{number:02d}"
+
+    def _new_record(self, number: int, spec: NodeSpec) -> NodeRecord:
+        if number > 62:
+            raise FleetError("a fleet holds at most 63 nodes")
+        a, b, c = self.subnet
+        tag = f"{self.fleet_id}{number:02d}"
+        return NodeRecord(
+            name=spec.name,
+            number=number,
+            netns=f"sf-{self.fleet_id}-{number}",
+            host_link=f"sf{tag}h",
+            node_link=f"sf{tag}n",
+            host_address=f"{a}.{b}.{c}.{4 * number + 1}",
+            address=f"{a}.{b}.{c}.{4 * number + 2}",
+            spec=asdict(spec),
+        )
+
+    def node_dir(self, name: str) -> str:
+        return os.path.join(self.state_dir, "nodes", name)
+
+    @property
+    def key_path(self) -> str:
+        return os.path.join(self.state_dir, "id_ed25519")
+
+    @property
+    def models_dir(self) -> str:
+        return os.path.join(self.state_dir, "models")
+
+    # --- up / down -------------------------------------------------------------------------------
+
+    def up(self, specs: list[NodeSpec]) -> dict[str, Any]:
+        """Start every node that is not running; return the fleet's JSON document."""
+        _check_tools()
+        os.makedirs(self.state_dir, exist_ok=True)
+        if not os.path.exists(self.key_path):
+            _run(
+                "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "simfleet", "-f", self.key_path
+            )
+        models.create(self.models_dir)
+        known = {r.name: r for r in self.records()}
+        records = []
+        for number, spec in enumerate(specs):
+            record = known.get(spec.name) or self._new_record(number, spec)
+            if not self._running(record):
+                record.spec = asdict(spec)  # a stopped node comes back as now asked
+            records.append(record)
+        self._save(records)
+        for record in records:
+            if not self._running(record):
+                self._start(record)
+        for record in records:
+            self._wait_for_ssh(record)
+        return self.document()
+
+    def document(self) -> dict[str, Any]:
+        """``{"nodes": [{name, host, port, user, key_path, host_key_fingerprint, models}]}``."""
+        model_paths = {name: f"/srv/models/{name}" for name in models.MODELS}
+        return {
+            "nodes": [
+                {
+                    "name": r.name,
+                    "host": r.address,
+                    "port": 22,
+                    "user": "root",
+                    "key_path": self.key_path,
+                    "host_key_fingerprint": self.fingerprint(r.name),
+                    "models": model_paths,
+                }
+                for r in self.records()
+            ]
+        }
+
+    def fingerprint(self, name: str) -> str:
+        """The node's host key fingerprint, ``SHA256:…``."""
+        key = os.path.join(self.node_dir(name), "ssh_host_ed25519_key.pub")
+        out = _run("ssh-keygen", "-l", "-E", "sha256", "-f", key).stdout
+        return out.split()[1]
+
+    def down(self) -> None:
+        """Stop every process the fleet started and remove its namespaces and links."""
+        for record in self.records():
+            self._stop(record)
+            _run("ip", "netns", "delete", record.netns, check=False)
+            _run("ip", "link", "delete", record.host_link, check=False)
+
+    # --- one node --------------------------------------------------------------------------------
+
+    def _pid_file(self, record: NodeRecord) -> str:
+        return os.path.join(self.node_dir(record.name), "init.pid")
+
+    def _pid(self, record: NodeRecord) -> int | None:
+        try:
+            with open(self._pid_file(record)) as handle:
+                pid = int(handle.read())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _is_ours(pid, record.netns) else None
+
+    def _running(self, record: NodeRecord) -> bool:
+        return self._pid(record) is not None
+
+    def init_pid(self, name: str) -> int:
+        """Host PID of the node's PID 1 (for nsenter)."""
+        record = self.record(name)
+        pid = self._pid(record)
+        if pid is None:
+            raise FleetError(f"node {name} is not running")
+        children = _children(pid)
+        if not children:
+            raise FleetError(f"node {name} has no init process")
+        return children[0]
+
+    def _start(self, record: NodeRecord) -> None:
+        spec = NodeSpec(**record.spec)
+        folder = self.node_dir(record.name)
+        for sub in ("ledger", "leaked", "holds", "cgroup", "home", "tmp"):
+            os.makedirs(os.path.join(folder, sub), exist_ok=True)
+        for stale in ("ledger", "leaked", "holds"):
+            for name in os.listdir(os.path.join(folder, stale)):
+                os.unlink(os.path.join(folder, stale, name))
+        open(os.path.join(folder, "kmsg"), "w").close()
+        with open(os.path.join(folder, "node.json"), "w") as handle:
+            json.dump(spec.node_json(boot_time=time.time()), handle, indent=2)
+        host_key = os.path.join(folder, "ssh_host_ed25519_key")
+        if not os.path.exists(host_key):
+            _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", record.name, "-f", host_key)
+        shutil.copyfile(self.key_path + ".pub", os.path.join(folder, "authorized_keys"))
+        with open(os.path.join(folder, "sshd_config"), "w") as handle:
+            handle.write(_SSHD_CONFIG)
+        self._network(record)
+        log = open(os.path.join(folder, "init.log"), "ab")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [
+                "ip",
+                "netns",
+                "exec",
+                record.netns,
+                "unshare",
+                "--mount",
+                "--pid",
+                "--uts",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                "--propagation",
+                "private",
+                NODE_PYTHON,
+                "-m",
+                "simfleet.nodeinit",
+                folder,
+                self.models_dir,
+            ],
+            cwd=REPO,
+            env={
+                "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+                "PYTHONPATH": REPO,
+            },
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
+        with open(self._pid_file(record), "w") as handle:
+            handle.write(str(proc.pid))
+
+    def _network(self, record: NodeRecord) -> None:
+        if _run("ip", "netns", "pids", record.netns, check=False).returncode != 0:
+            _run("ip", "netns", "add", record.netns)
+        if _run("ip", "link", "show", record.host_link, check=False).returncode != 0:
+            _run(
+                "ip",
+                "link",
+                "add",
+                record.host_link,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                record.node_link,
+            )
+            _run("ip", "link", "set", record.node_link, "netns", record.netns)
+            _run("ip", "addr", "add", f"{record.host_address}/30", "dev", record.host_link)
+            ns = ("ip", "netns", "exec", record.netns)
+            _run(*ns, "ip", "addr", "add", f"{record.address}/30", "dev", record.node_link)
+            _run(*ns, "ip", "link", "set", record.node_link, "up")
+            _run(*ns, "ip", "link", "set", "lo", "up")
+            _run(*ns, "ip", "route", "add", "default", "via", record.host_address)
+        _run("ip", "link", "set", record.host_link, "up")
+
+    def _stop(self, record: NodeRecord) -> None:
+        pid = self._pid(record)
+        if pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            _wait(lambda: not _exists(pid), 10, f"node {record.name} did not stop")
+        # Helpers started with nsenter (holds) die with the node's PID namespace.
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self._pid_file(record))
+
+    def _wait_for_ssh(self, record: NodeRecord, timeout: float = 30) -> None:
+        def banner() -> bool:
+            try:
+                with socket.create_connection((record.address, 22), timeout=1) as conn:
+                    return conn.recv(16).startswith(b"SSH-")
+            except OSError:
+                return False
+
+        log = os.path.join(self.node_dir(record.name), "init.log")
+        _wait(banner, timeout, f"node {record.name} did not accept SSH; see {log}")
+
+    def reboot(self, name: str) -> None:
+        """All of the node's processes gone, leaked memory freed, kernel log cleared; back up."""
+        record = self.record(name)
+        self._stop(record)
+        self._start(record)
+        self._wait_for_ssh(record)
+
+    def link(self, name: str, state: str) -> None:
+        if state not in ("up", "down"):
+            raise FleetError("link state is up or down")
+        _run("ip", "link", "set", self.record(name).host_link, state)
+
+    def rekey(self, name: str) -> str:
+        """Give the node a new host key (sshd reloads it); return the new fingerprint."""
+        folder = self.node_dir(name)
+        key = os.path.join(folder, "ssh_host_ed25519_key")
+        for path in (key, key + ".pub"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", key)
+        self.node_exec(name, ["sh", "-c", "kill -HUP $(cat /run/simfleet/sshd.pid)"])
+        time.sleep(0.3)
+        return self.fingerprint(name)
+
+    def node_exec(self, name: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+        """Run a command inside the node (its PID, mount, UTS and network namespaces)."""
+        pid = self.init_pid(name)
+        return _run("nsenter", "-t", str(pid), "-m", "-p", "-u", "-n", "--", *argv)
+
+    def hold(self, name: str, gpu: int, size: int) -> None:
+        """Start a foreign process on the node holding ``size`` bytes on GPU ``gpu``."""
+        pid = self.init_pid(name)
+        gpus = NodeSpec(**self.record(name).spec).gpus
+        if not 0 <= gpu < gpus:
+            raise FleetError(f"node {name} has GPUs 0..{gpus - 1}")
+        subprocess.Popen(
+            [
+                "nsenter",
+                "-t",
+                str(pid),
+                "-m",
+                "-p",
+                "-u",
+                "-n",
+                "--",
+                NODE_PYTHON,
+                "-m",
+                "simnode.hold",
+                "--gpu",
+                str(gpu),
+                "--bytes",
+                str(size),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        holds = os.path.join(self.node_dir(name), "holds")
+        before = set(os.listdir(holds))
+        _wait(lambda: set(os.listdir(holds)) - before, 10, "the holding process did not start")
+
+    def release(self, name: str) -> None:
+        self.node_exec(name, [NODE_PYTHON, "-m", "simnode.hold", "--release"])
+        holds = os.path.join(self.node_dir(name), "holds")
+        _wait(lambda: not os.listdir(holds), 10, "the holding processes did not stop")
+
+    def status(self) -> list[dict[str, Any]]:
+        """Each node's GPUs and RAM as the node itself reports them."""
+        rows = []
+        for record in self.records():
+            row: dict[str, Any] = {"name": record.name, "host": record.address}
+            if not self._running(record):
+                rows.append({**row, "running": False})
+                continue
+            out = self.node_exec(record.name, [NODE_PYTHON, "-m", "simnode.status"]).stdout
+            rows.append({**row, "running": True, **json.loads(out)})
+        return rows
+
+
+_SSHD_CONFIG = """\
+# sshd of a simulated node (simfleet); paths are inside the node's own /run.
+Port 22
+ListenAddress 0.0.0.0
+HostKey /run/simfleet/ssh_host_ed25519_key
+PidFile none
+UsePAM no
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+AuthorizedKeysFile /run/simfleet/authorized_keys
+StrictModes no
+UseDNS no
+MaxSessions 100
+MaxStartups 200:30:400
+LogLevel ERROR
+Subsystem sftp internal-sftp
+"""
+
+
+def _check_tools() -> None:
+    if os.geteuid() != 0:
+        raise FleetError("simfleet needs root (network and mount namespaces)")
+    missing = [
+        t
+        for t in ("ip", "unshare", "nsenter", "ssh-keygen", "/usr/sbin/sshd", NODE_PYTHON)
+        if shutil.which(t) is None
+    ]
+    if missing:
+        raise FleetError(
+            f"missing {', '.join(missing)}: install openssh-server, iproute2, util-linux, python3"
+        )
+
+
+def _exists(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _is_ours(pid: int, netns: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as handle:
+            cmdline = handle.read().split(b"\0")
+    except FileNotFoundError:
+        return False
+    return _exists(pid) and b"simfleet.nodeinit" in cmdline
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as handle:
+            return [int(p) for p in handle.read().split()]
+    except FileNotFoundError:
+        return []
+
+
+def _wait(predicate: Any, timeout: float, message: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise FleetError(message)
+        time.sleep(0.05)

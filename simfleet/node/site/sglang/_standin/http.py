@@ -1,0 +1,212 @@
+"""The stand-in's HTTP server: the endpoints a control panel uses (§5), once ranks are ready."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from simnode import state
+
+import sglang
+from sglang._standin.launch import Launch
+from sglang._standin.log import Log
+
+
+class _State:
+    ready = False
+    crashed = False
+
+
+def serve(
+    launch: Launch, ranks: list[dict[str, Any]], log: Log, on_crash: Callable[[str], Any]
+) -> None:
+    host = str(launch.flag("host", default="127.0.0.1"))
+    port = int(launch.flag("port", default=30000))  # type: ignore[call-overload]
+    handler = _handler(launch, ranks)
+    try:
+        server = ThreadingHTTPServer((host, port), handler)
+    except OSError as exc:
+        log(
+            f"ERROR:    [Errno {exc.errno}] error while attempting to bind on address "
+            f"('{host}', {port}): {str(exc.strerror).lower()}"
+        )
+        on_crash("Killing the process tree.")
+        return
+    server.daemon_threads = True
+    log(f"INFO:     Started server process [{os.getpid()}]")
+    log("INFO:     Waiting for application startup.")
+    log("INFO:     Application startup complete.")
+    log(f"INFO:     Uvicorn running on http://{host}:{port} (Press CTRL+C to quit)")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    launch.sleep(0.3)
+    peer = random.randint(40000, 60000)
+    log(f'INFO:     {host}:{peer} - "GET /get_model_info HTTP/1.1" 200 OK')
+    log(f'INFO:     {host}:{peer + 2} - "POST /generate HTTP/1.1" 200 OK')
+    _State.ready = True
+    log("The server is fired up and ready to roll!")
+    _watch(launch, log)
+
+
+def _watch(launch: Launch, log: Log) -> None:
+    """≥ 0.5.12 notices a crashed child within a second; older versions keep serving, unhealthy."""
+    while True:
+        time.sleep(1.0)
+        for pid in launch.rank_pids:
+            got, status = os.waitpid(pid, os.WNOHANG)
+            if got != pid:
+                continue
+            code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+            _State.crashed = True
+            if launch.version >= (0, 5, 12):
+                log(
+                    f"Subprocess scheduler (pid={pid}) crashed with exit code {code}. "
+                    "Triggering SIGQUIT for cleanup..."
+                )
+                os.kill(os.getpid(), signal.SIGQUIT)
+
+
+def _handler(launch: Launch, ranks: list[dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+    version = launch.version
+    model_path = str(launch.ns.model_path)
+    served = str(launch.flag("served_model_name") or model_path)
+    api_key = launch.flag("api_key")
+    started = time.time()
+
+    def server_info() -> dict[str, Any]:
+        args = {k: v for k, v in vars(launch.ns).items()}
+        args.update(tp_size=launch.tp, pp_size=launch.pp)
+        memory = {
+            "weight": ranks[0]["weight_gib"],
+            "kvcache": ranks[0]["kv_gib"],
+            "token_capacity": ranks[0]["max_total_num_tokens"],
+            "graph": ranks[0]["graph_gib"],
+        }
+        return {
+            **args,
+            "status": "ready",
+            "max_total_num_tokens": ranks[0]["max_total_num_tokens"],
+            "max_req_input_len": ranks[0]["max_req_input_len"],
+            "internal_states": [{**args, "memory_usage": memory, "last_gen_throughput": 0.0}],
+            "version": sglang.__version__,
+        }
+
+    def model_info() -> dict[str, Any]:
+        return {
+            "model_path": model_path,
+            "tokenizer_path": model_path,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": "default",
+        }
+
+    def metrics() -> str:
+        lines = []
+        for rank, info in enumerate(ranks):
+            labels = f'model_name="{served}",engine_type="unified",tp_rank="{rank}",pp_rank="0"'
+            gauges = {
+                "num_running_reqs": 0,
+                "num_queue_reqs": 0,
+                "num_used_tokens": 0,
+                "token_usage": 0.0,
+                "gen_throughput": 0.0,
+                "cache_hit_rate": 0.0,
+            }
+            if version >= (0, 5, 9):
+                gauges["max_total_num_tokens"] = info["max_total_num_tokens"]
+            for name, value in gauges.items():
+                lines.append(f"# TYPE sglang:{name} gauge")
+                lines.append(f"sglang:{name}{{{labels}}} {float(value)}")
+        return "\n".join(lines) + "\n"
+
+    class Handler(BaseHTTPRequestHandler):
+        server_version = "uvicorn"
+        sys_version = ""
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+        def _send(self, status: int, body: str | bytes, kind: str = "application/json") -> None:
+            data = body.encode() if isinstance(body, str) else body
+            self.send_response(status)
+            self.send_header("Content-Type", kind)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _json(self, doc: Any) -> None:
+            self._send(200, json.dumps(doc))
+
+        def _authorised(self) -> bool:
+            if not api_key or self.path.startswith(("/health", "/metrics")):
+                return True
+            return self.headers.get("Authorization") == f"Bearer {api_key}"
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = self.path.split("?")[0]
+            if not self._authorised():
+                self._send(401, json.dumps({"error": "Unauthorized"}))
+            elif path in ("/health", "/health_generate"):
+                healthy = _State.ready and not _State.crashed and _ranks_alive(launch)
+                self._send(200 if healthy else 503, b"", "text/plain")
+            elif path == "/get_model_info" or (path == "/model_info" and version >= (0, 5, 9)):
+                self._json(model_info())
+            elif path == "/get_server_info" or (path == "/server_info" and version >= (0, 5, 9)):
+                self._json(server_info())
+            elif path == "/v1/models":
+                self._json(
+                    {
+                        "object": "list",
+                        "data": [
+                            {
+                                "id": served,
+                                "object": "model",
+                                "created": int(started),
+                                "owned_by": "sglang",
+                                "root": model_path,
+                                "max_model_len": ranks[0]["context_len"],
+                            }
+                        ],
+                    }
+                )
+            elif path == "/metrics" and launch.flag("enable_metrics", default=False):
+                self._send(200, metrics(), "text/plain; version=0.0.4")
+            elif path == "/flush_cache":
+                self._send(
+                    200,
+                    "Cache flushed.\nPlease check backend logs for more details. "
+                    "(When there are running or waiting requests, the operation will not "
+                    "be performed.)\n",
+                    "text/plain",
+                )
+            else:
+                self._send(404, json.dumps({"detail": "Not Found"}))
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            if not self._authorised():
+                self._send(401, json.dumps({"error": "Unauthorized"}))
+            elif self.path in ("/generate", "/v1/completions"):
+                self._json(
+                    {
+                        "text": " the stand-in does no inference.",
+                        "meta_info": {"prompt_tokens": 1, "completion_tokens": 7},
+                    }
+                )
+            elif self.path == "/flush_cache":
+                self.do_GET()
+            else:
+                self._send(404, json.dumps({"detail": "Not Found"}))
+
+    return Handler
+
+
+def _ranks_alive(launch: Launch) -> bool:
+    return all(state.alive(pid) for pid in launch.rank_pids)

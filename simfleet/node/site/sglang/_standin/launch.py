@@ -1,0 +1,73 @@
+"""What the main process learned before spawning ranks; shared with ranks through fork."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from simnode import state
+
+from sglang._standin import args as flags
+from sglang._standin.memory import Model
+
+
+@dataclass
+class Launch:
+    ns: argparse.Namespace
+    version: tuple[int, ...]
+    model: Model
+    tp: int
+    pp: int
+    nnodes: int
+    ranks: int  # schedulers on this node
+    gpu_ids: list[int]  # physical GPU index of each local rank
+    device_ids: list[int]  # the index torch sees (after CUDA_VISIBLE_DEVICES)
+    barrier_dir: str
+    main_pid: int
+    speed: float
+    leak: bool
+    rank_pids: list[int] = field(default_factory=list)
+    handles: list[Any] = field(default_factory=list)  # device files a rank keeps open
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds / self.speed)
+
+    def flag(self, *names: str, default: Any = None) -> Any:
+        return flags.get(self.ns, *names, default=default)
+
+    # --- a file barrier: each rank drops its value, everyone reads all of them ----------------
+
+    def exchange(
+        self, phase: str, rank: int, value: float, patience: float | None = None
+    ) -> list[float]:
+        """Publish ``value`` for ``phase``; wait for every rank's; return them in rank order.
+
+        Like an NCCL collective, it waits for ever when a peer is gone (a hang), unless
+        ``patience`` seconds (scaled) pass, when it raises TimeoutError.
+        """
+        target = os.path.join(self.barrier_dir, f"{phase}.{rank}")
+        with open(target + ".tmp", "w") as handle:
+            json.dump(value, handle)
+        os.replace(target + ".tmp", target)
+        started = time.monotonic()
+        while True:
+            values = []
+            for peer in range(self.ranks):
+                try:
+                    with open(os.path.join(self.barrier_dir, f"{phase}.{peer}")) as handle:
+                        values.append(float(json.load(handle)))
+                except (FileNotFoundError, ValueError):
+                    break
+            if len(values) == self.ranks:
+                return values
+            if patience is not None and time.monotonic() - started > patience / self.speed:
+                raise TimeoutError(phase)
+            time.sleep(0.02)
+
+
+def leak_on_crash() -> bool:
+    return state.has_fault("leak-on-crash")

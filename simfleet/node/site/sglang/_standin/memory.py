@@ -1,0 +1,112 @@
+"""The stand-in's memory arithmetic, written from shared/reference/sglang.md §2–§3.
+
+Independent of Rankwise's own budget code on purpose: end-to-end tests compare the two.
+Bytes everywhere; "GB" in SGLang's log lines means GiB for device memory and 10^9 for the host
+pool, exactly as SGLang prints them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+GiB = 2**30
+GB = 10**9
+HOST_RESERVE_BYTES = 10 * GiB  # SGLang keeps 10 GiB of host RAM back (§2)
+
+
+@dataclass
+class Model:
+    path: str
+    config: dict[str, Any]
+    weights_bytes: int
+
+    @property
+    def architecture(self) -> str:
+        return str((self.config.get("architectures") or ["UnknownForCausalLM"])[0])
+
+    @property
+    def is_mla(self) -> bool:
+        return "kv_lora_rank" in self.config
+
+    @property
+    def dtype(self) -> str:
+        return "torch." + str(self.config.get("torch_dtype", "bfloat16"))
+
+
+def load_model(path: str) -> Model:
+    """Read ``config.json`` and sum the checkpoint files; OSError as transformers raises it."""
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isdir(path):
+        raise OSError(
+            f"{path} is not a local folder and is not a valid model identifier listed on "
+            "'https://huggingface.co/models'\nIf this is a private repository, make sure to pass "
+            "a token having permission to this repo either by logging in with `hf auth login` "
+            "or by passing `token=<your_token>`"
+        )
+    if not os.path.isfile(config_path):
+        raise OSError(f"{path} does not appear to have a file named config.json.")
+    with open(config_path) as handle:
+        config = json.load(handle)
+    weights = sum(
+        os.path.getsize(os.path.join(path, name))
+        for name in os.listdir(path)
+        if name.endswith((".safetensors", ".bin", ".pt"))
+    )
+    return Model(path, config, weights)
+
+
+def elem_bytes(kv_cache_dtype: str, model: Model) -> int:
+    if kv_cache_dtype.startswith("fp8") or kv_cache_dtype == "mxfp8":
+        return 1
+    if kv_cache_dtype.startswith("fp4") or kv_cache_dtype in ("nvfp4",):
+        return 1  # packed with scales: no smaller than a byte per element in the pool
+    return 4 if model.config.get("torch_dtype") == "float32" else 2
+
+
+def cell_bytes(model: Model, tp: int, pp: int, elem: int) -> int:
+    """KV bytes per token on one rank: MLA latent replicated per rank; MHA/GQA sharded by heads."""
+    c = model.config
+    layers = -(-int(c["num_hidden_layers"]) // pp)
+    if model.is_mla:
+        return (int(c["kv_lora_rank"]) + int(c["qk_rope_head_dim"])) * layers * elem
+    heads = int(c["num_attention_heads"])
+    kv_heads = int(c.get("num_key_value_heads") or heads)
+    head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+    return 2 * max(1, kv_heads // tp) * head_dim * layers * elem
+
+
+def default_mem_fraction(gpu_total_bytes: int, tp: int, pp: int) -> float:
+    """SGLang 0.5.2's heuristic (§1c): reserve by GPU class, then mfs = (mem − reserve) / mem."""
+    gpu = gpu_total_bytes / GiB
+    if gpu < 35:
+        reserve = 2.8 + tp * pp / 10
+    elif gpu < 90:
+        reserve = 9.5 + tp * pp / 2
+    elif gpu < 160:
+        reserve = 12 + tp * pp / 2
+    else:
+        reserve = 32
+    return round((gpu - reserve) / gpu, 3)
+
+
+def graph_bytes(gpu_total_bytes: int) -> int:
+    """CUDA graphs take a few GB per GPU on real hardware: 1 GiB plus 2% of the GPU."""
+    return GiB + gpu_total_bytes // 50
+
+
+def host_pool_tokens(
+    version: tuple[int, ...],
+    device_tokens: int,
+    cell: int,
+    hicache_size_gb: int,
+    ratio: float,
+    page_size: int,
+) -> int:
+    """Host (L2) pool tokens of one rank (§2): ``--hicache-size`` in decimal GB wins over ratio."""
+    tokens = hicache_size_gb * GB // cell if hicache_size_gb > 0 else int(device_tokens * ratio)
+    if version <= (0, 5, 5):
+        return tokens // page_size * page_size
+    return (tokens // page_size + 1) * page_size
