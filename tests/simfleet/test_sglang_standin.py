@@ -96,7 +96,7 @@ def test_per_rank_size_that_fits_becomes_ready(fresh):
     assert "sglang::schedul" in node.ok("fuser -v /dev/nvidia3 2>&1")
     pinned = int(node.ok("free -b").splitlines()[1].split()[2])
     assert pinned >= 8 * 37 * 10**9
-    node.ok("pkill -TERM -f 'sglang::http_server'")
+    node.ok("pkill -TERM -f '^sglang::http_server'")
     assert wait_until(lambda: "sglang" not in node.ok("ps -eo args="), 15)
     assert int(node.ok("free -b").splitlines()[1].split()[2]) < 10 * 10**9
 
