@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 
 from tests.fleet import bring_up, simfleet
 
@@ -31,7 +32,7 @@ def test_down_leaves_no_process_namespace_mount_or_link(tmp_path):
     )
     assert [n["host"] for n in again["nodes"]] == [n.host for n in nodes.values()]
     nodes["a"].ok("setsid sleep 600 > /dev/null 2>&1 < /dev/null &")
-    fleet_id = json.load(open(f"{state}/fleet.json"))["fleet_id"]
+    fleet_id = json.loads(Path(state, "fleet.json").read_text())["fleet_id"]
     assert _leftovers(fleet_id, state)["netns"]
     simfleet("down", "--state", state)
     assert _leftovers(fleet_id, state) == {"netns": [], "links": [], "processes": [], "mounts": []}
