@@ -176,8 +176,7 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
             f"mem usage={graph / GiB:.2f} GB. avail mem={_free(gpu) / GiB:.2f} GB."
         )
     context_len = int(
-        launch.flag("context_length")
-        or launch.model.config.get("max_position_embeddings", 32768)
+        launch.flag("context_length") or launch.model.config.get("max_position_embeddings", 32768)
     )
     if rank == 0:
         log(
