@@ -25,6 +25,7 @@ from simfleet.spec import NodeSpec
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_PYTHON = "/usr/bin/python3"
+FREEZER = "/sys/fs/cgroup/freezer"  # cgroup-v1 freezer: how the stuck-on-kill fault makes D state
 
 
 class FleetError(RuntimeError):
@@ -119,6 +120,8 @@ class Fleet:
     def up(self, specs: list[NodeSpec]) -> dict[str, Any]:
         """Start every node that is not running; return the fleet's JSON document."""
         _check_tools()
+        if any("stuck-on-kill" in s.faults for s in specs) and not os.path.isdir(FREEZER):
+            raise FleetError(f"the stuck-on-kill fault needs the cgroup-v1 freezer at {FREEZER}")
         os.makedirs(self.state_dir, exist_ok=True)
         if not os.path.exists(self.key_path):
             _run(
@@ -207,8 +210,10 @@ class Fleet:
             for name in os.listdir(os.path.join(folder, stale)):
                 os.unlink(os.path.join(folder, stale, name))
         open(os.path.join(folder, "kmsg"), "w").close()
+        settings = spec.node_json(boot_time=time.time())
+        settings["freezer_cgroup"] = self._freezer_name(record)
         with open(os.path.join(folder, "node.json"), "w") as handle:
-            json.dump(spec.node_json(boot_time=time.time()), handle, indent=2)
+            json.dump(settings, handle, indent=2)
         host_key = os.path.join(folder, "ssh_host_ed25519_key")
         if not os.path.exists(host_key):
             _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", record.name, "-f", host_key)
@@ -275,7 +280,18 @@ class Fleet:
             _run(*ns, "ip", "route", "add", "default", "via", record.host_address)
         _run("ip", "link", "set", record.host_link, "up")
 
+    def _freezer_name(self, record: NodeRecord) -> str:
+        return f"simfleet-{self.fleet_id}-{record.number}"
+
+    def _thaw(self, record: NodeRecord) -> None:
+        """Frozen (D-state) processes cannot die until thawed; the node's end needs them gone."""
+        group = os.path.join(FREEZER, self._freezer_name(record))
+        if os.path.isdir(group):
+            with open(os.path.join(group, "freezer.state"), "w") as handle:
+                handle.write("THAWED")
+
     def _stop(self, record: NodeRecord) -> None:
+        self._thaw(record)
         pid = self._pid(record)
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
@@ -284,6 +300,9 @@ class Fleet:
         # Helpers started with nsenter (holds) die with the node's PID namespace.
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self._pid_file(record))
+        group = os.path.join(FREEZER, self._freezer_name(record))
+        if os.path.isdir(group):
+            _wait(lambda: _rmdir(group), 10, f"{group} still has processes")
 
     def _wait_for_ssh(self, record: NodeRecord, timeout: float = 30) -> None:
         def banner() -> bool:
@@ -409,6 +428,16 @@ def _check_tools() -> None:
         raise FleetError(
             f"missing {', '.join(missing)}: install openssh-server, iproute2, util-linux, python3"
         )
+
+
+def _rmdir(path: str) -> bool:
+    try:
+        os.rmdir(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return True
 
 
 def _exists(pid: int) -> bool:

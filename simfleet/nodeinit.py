@@ -71,11 +71,12 @@ def build_proc_and_cgroup(config: dict[str, object]) -> None:
     os.makedirs("/run/simfleet/cgroup", exist_ok=True)
     state.publish()
     mount("--bind", "/run/simfleet/meminfo", "/proc/meminfo")
-    with contextlib.suppress(subprocess.CalledProcessError):
-        # Keep a private handle on the host's cgroup-v1 freezer for the stuck-on-kill fault.
-        if os.path.isdir("/sys/fs/cgroup/freezer"):
-            os.makedirs("/run/.freezer")
-            mount("--bind", "/sys/fs/cgroup/freezer", "/run/.freezer")
+    if "stuck-on-kill" in config["faults"]:  # type: ignore[operator]
+        # A private handle on the machine's cgroup-v1 freezer hierarchy (ip netns exec hides the
+        # host's /sys/fs/cgroup; mounting the same controller again shows the same hierarchy).
+        os.makedirs("/run/.freezer")
+        mount("-t", "cgroup", "-o", "freezer", "freezer", "/run/.freezer")
+        os.makedirs(f"/run/.freezer/{config['freezer_cgroup']}", exist_ok=True)
     mount("-t", "tmpfs", "-o", "mode=755,size=1m", "cgroup", "/sys/fs/cgroup")
     for name in ("memory.max", "memory.current"):
         open(f"/sys/fs/cgroup/{name}", "w").close()

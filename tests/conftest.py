@@ -36,8 +36,16 @@ FLEET_SPEC = {
             "faults": ["leak-on-crash"],
             "speed": 8,
         },
-        {"name": "no-nvml", "gpus": 2, "faults": ["no-nvml"], "speed": 8},
+        {"name": "no-nvml", "gpus": 2, "faults": ["no-nvml"], "cgroup_limit": "100GB", "speed": 8},
         {"name": "no-driver", "gpus": 2, "faults": ["no-driver"], "speed": 8},
+        {
+            "name": "stuck",
+            "gpus": 2,
+            "gpu_memory": "80GiB",
+            "host_ram": "200GB",
+            "faults": ["stuck-on-kill"],
+            "speed": 8,
+        },
         {"name": "spare", "gpus": 2, "gpu_memory": "80GiB", "host_ram": "200GB", "speed": 8},
     ]
 }

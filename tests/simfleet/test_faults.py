@@ -51,6 +51,28 @@ def test_without_the_fault_a_killed_server_gives_memory_back(sim_fleet):
     assert wait_until(lambda: _gpu_used_mib(node) == [4, 4], 10)
 
 
+def test_stuck_on_kill_leaves_ranks_in_d_state_holding_memory_until_reboot(sim_fleet):
+    node = sim_fleet["stuck"]
+    node.reboot()
+    start(node, QWEN + " --mem-fraction-static 0.5 --enable-hierarchical-cache --hicache-size 40")
+    assert wait_until(lambda: health(node) == "200", 40)
+    node.ok("pkill -KILL -f '^sglang::http_server'")
+    stuck = wait_until(
+        lambda: (
+            len(ps := node.ok("ps -eo stat=,args= | awk '$1 ~ /^D/ {print $2}'").split()) == 2
+            and ps
+        ),
+        15,
+    )
+    assert stuck, node.ok("ps -eo pid,stat,args; tail -5 /root/server.log")
+    assert sorted(stuck) == ["sglang::scheduler_TP0", "sglang::scheduler_TP1"]
+    node.ok("pkill -KILL -f '^sglang::scheduler'; sleep 0.5")
+    assert len(node.ok("ps -eo stat= | grep ^D; true").split()) == 2  # SIGKILL cannot end them
+    assert _ram_used(node) > 2 * 40 * 10**9
+    node.reboot()
+    assert _ram_used(node) < 5 * 10**9 and _gpu_used_mib(node) == [4, 4]
+
+
 def test_no_nvml_fails_nvml_init_but_nvidia_smi_answers(sim_fleet):
     node = sim_fleet["no-nvml"]
     out = node.ok(

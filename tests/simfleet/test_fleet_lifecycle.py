@@ -15,7 +15,10 @@ def _leftovers(fleet_id: str, state: str) -> dict[str, list[str]]:
     ps = subprocess.run(["ps", "-eo", "args="], capture_output=True, text=True).stdout
     with open("/proc/mounts") as handle:
         mounts = handle.read()
+    freezer = Path("/sys/fs/cgroup/freezer")
+    groups = [p.name for p in freezer.glob(f"simfleet-{fleet_id}-*")] if freezer.is_dir() else []
     return {
+        "cgroups": groups,
         "netns": [line for line in netns.splitlines() if f"sf-{fleet_id}-" in line],
         "links": [line for line in links.splitlines() if f"sf{fleet_id}" in line],
         "processes": [line for line in ps.splitlines() if state in line],
@@ -26,7 +29,15 @@ def _leftovers(fleet_id: str, state: str) -> dict[str, list[str]]:
 def test_down_leaves_no_process_namespace_mount_or_link(tmp_path):
     state = str(tmp_path / "fleet")
     assert simfleet("down", "--state", state).returncode == 0  # nothing there yet: fine
-    nodes = bring_up(state, {"nodes": [{"name": "a", "gpus": 1}, {"name": "b", "gpus": 1}]})
+    nodes = bring_up(
+        state,
+        {
+            "nodes": [
+                {"name": "a", "gpus": 1},
+                {"name": "b", "gpus": 1, "faults": ["stuck-on-kill"]},
+            ]
+        },
+    )
     again = json.loads(
         simfleet("up", "--state", state, "--spec", f"{state}/spec.json", "--json").stdout
     )
@@ -35,7 +46,13 @@ def test_down_leaves_no_process_namespace_mount_or_link(tmp_path):
     fleet_id = json.loads(Path(state, "fleet.json").read_text())["fleet_id"]
     assert _leftovers(fleet_id, state)["netns"]
     simfleet("down", "--state", state)
-    assert _leftovers(fleet_id, state) == {"netns": [], "links": [], "processes": [], "mounts": []}
+    assert _leftovers(fleet_id, state) == {
+        "cgroups": [],
+        "netns": [],
+        "links": [],
+        "processes": [],
+        "mounts": [],
+    }
     simfleet("down", "--state", state)
 
 

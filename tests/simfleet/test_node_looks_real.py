@@ -98,6 +98,15 @@ def test_host_ram_moves_when_memory_is_pinned(sim_fleet):
     assert int(pinned[1]) * 1024 == pytest.approx(5 * 10**9, abs=1024)
 
 
+def test_a_configured_cgroup_limit_is_what_the_node_sees(sim_fleet):
+    node = sim_fleet["no-nvml"]
+    assert node.ok("cat /sys/fs/cgroup/memory.max").strip() == str(100 * 10**9)
+    assert node.ok("cat /sys/fs/cgroup/memory.max", timeout=5) != "max"
+    current = int(node.ok("cat /sys/fs/cgroup/memory.current"))
+    assert 0 < current < 100 * 10**9
+    assert sim_fleet["spare"].ok("cat /sys/fs/cgroup/memory.max").strip() == "max"
+
+
 @pytest.mark.parametrize("command", ["/dev/shm", "/root"])
 def test_shm_and_home_are_per_node(sim_fleet, command):
     sim_fleet["spare"].ok(f"touch {command}/only-on-spare")

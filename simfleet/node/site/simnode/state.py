@@ -125,11 +125,23 @@ def set_title(title: str) -> None:
         pass
 
 
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent dies, as every SGLang child does (PR_SET_PDEATHSIG)."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Signal this process when its parent dies, as every SGLang child does (PR_SET_PDEATHSIG)."""
     import ctypes
 
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)
+    ctypes.CDLL(None).prctl(1, sig, 0, 0, 0)
+
+
+def freeze_self() -> None:
+    """Enter uninterruptible sleep (D) for good, holding all memory, like a task stuck unpinning
+    a huge registered buffer while being killed. Only a reboot (which thaws) ends it."""
+    group = f"/run/.freezer/{config()['freezer_cgroup']}"
+    with open(f"{group}/cgroup.procs", "w") as handle:
+        handle.write(str(os.getpid()))
+    with open(f"{group}/freezer.state", "w") as handle:
+        handle.write("FROZEN")
+    while True:
+        time.sleep(1)
 
 
 # --- the ledger ------------------------------------------------------------------------------
@@ -311,13 +323,14 @@ def memory_limit() -> int:
 def _oom_victim(live: list[dict[str, Any]]) -> dict[str, Any] | None:
     """Like Linux's select_bad_process: the largest wins; on a tie the later task does.
 
-    Processes pinning side by side differ by at most the step they are faulting in; those count
-    as tied, as their badness scores would be within noise.
+    Processes pinning side by side (TP ranks faulting in their pools together) drift apart by
+    scheduling noise; sizes within a quarter of the largest count as tied, so which rank goes
+    does not depend on that noise.
     """
     largest = max((e.get("host_bytes", 0) for e in live), default=0)
     if largest <= 0:
         return None
-    tied = [e for e in live if e.get("host_bytes", 0) >= largest - e.get("pin_step", 0)]
+    tied = [e for e in live if e.get("host_bytes", 0) >= largest * 3 // 4]
     return max(tied, key=lambda e: e["pid"])
 
 

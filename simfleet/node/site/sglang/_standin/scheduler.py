@@ -46,7 +46,10 @@ def title_for(launch: Launch, rank: int) -> str:
 
 def run(launch: Launch, rank: int, pipe_fd: int) -> None:
     """The body of a forked rank process; never returns."""
-    state.die_with_parent()
+    stuck = state.has_fault("stuck-on-kill")
+    # Under stuck-on-kill a dying server's ranks get SIGUSR1 first, and freeze if they pinned.
+    state.die_with_parent(signal.SIGUSR1 if stuck else signal.SIGKILL)
+    signal.signal(signal.SIGUSR1, lambda *_: _stick_or_die())
     title = title_for(launch, rank)
     state.set_title(title)
     log = Log(f"TP{rank}" if launch.tp > 1 else "")
@@ -62,6 +65,12 @@ def run(launch: Launch, rank: int, pipe_fd: int) -> None:
     os.write(pipe_fd, (json.dumps(ready) + "\n").encode())
     while True:
         time.sleep(3600)
+
+
+def _stick_or_die() -> None:
+    if state.my_entry().get("host_bytes", 0) > 0:
+        state.freeze_self()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _exit_cleanly() -> None:
@@ -314,7 +323,8 @@ def _host_pool(launch: Launch, rank: int, log: Log, device_tokens: int, cell: in
         )
     else:
         log(f"Allocating {requested / 1e9:.2f} GB host memory for hierarchical KV cache.")
-    state.pin_host(requested, chunks=16, pause=0.8 / 16 / launch.speed)
+    # Never faster than 30 ms a step: ranks must stay near lockstep on a loaded machine.
+    state.pin_host(requested, chunks=16, pause=max(0.03, 0.8 / 16 / launch.speed))
     return requested
 
 

@@ -183,6 +183,12 @@ def _wait_for_ranks(launch: Launch, pipes: list[int]) -> list[dict[str, Any]]:
 def _crash(reason: str) -> NoReturn:
     """Tear the tree down the way kill_process_tree does: SIGKILL every child, then itself."""
     log(reason)
+    if state.has_fault("stuck-on-kill"):
+        # Ranks that pinned host memory get stuck in D while the kill unpins it.
+        for pid in _CHILDREN:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGUSR1)
+        time.sleep(0.3)
     for pid in _CHILDREN:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
