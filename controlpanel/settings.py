@@ -152,7 +152,11 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 3600)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
-CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {}
+# Seconds between heartbeats (each node's reachability, GPU memory in use, MemAvailable).
+RANKWISE_HEARTBEAT_SECONDS = env_int("RANKWISE_HEARTBEAT_SECONDS", 30)
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "heartbeat": {"task": "nodes.heartbeat", "schedule": float(RANKWISE_HEARTBEAT_SECONDS)},
+}
 
 # The account management commands act as when neither --actor nor RANKWISE_ACTOR names one.
 RANKWISE_CLI_USER = "cli"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from decimal import Decimal
 from typing import Any
@@ -12,7 +11,7 @@ from django.db import transaction
 
 from nodes.domain import inventory as rules
 from nodes.domain.units import ENTRY_UNITS, UnitError, best_entry_unit, to_bytes
-from nodes.models import Gpu, Node
+from nodes.models import Gpu, Node, SshCredential
 
 _ASCII_INT = re.compile(r"[0-9]{1,15}")
 _ASCII_DECIMAL = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
@@ -83,6 +82,52 @@ class SizeField(forms.MultiValueField):
             raise forms.ValidationError(str(exc)) from None
 
 
+class SecretTextarea(forms.Textarea):
+    """A textarea that never sends its value back to the browser (like PasswordInput)."""
+
+    def format_value(self, value: Any) -> str | None:
+        return None
+
+
+class CredentialForm(forms.Form):
+    """An SSH private key, pasted or uploaded; it is checked, encrypted and never shown again."""
+
+    name = forms.CharField(max_length=63, help_text="e.g. fleet-a-root")
+    private_key = forms.CharField(
+        label="Private key (paste)",
+        required=False,
+        strip=False,
+        widget=SecretTextarea(attrs={"rows": 6, "autocomplete": "off", "spellcheck": "false"}),
+        help_text="OpenSSH or PEM: ed25519, ECDSA or RSA.",
+    )
+    key_file = forms.FileField(label="…or upload the key file", required=False)
+    passphrase = forms.CharField(
+        required=False, strip=False, widget=forms.PasswordInput(attrs={"autocomplete": "off"})
+    )
+
+    def clean_name(self) -> str:
+        name: str = self.cleaned_data["name"].strip()
+        if message := rules.check_node_name(name):
+            raise forms.ValidationError(message)
+        if SshCredential.objects.filter(name=name).exists():
+            raise forms.ValidationError("A key with this name exists already.")
+        return name
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        upload = data.get("key_file")
+        text = data.get("private_key") or ""
+        if upload:
+            if upload.size > 64 * 1024:
+                self.add_error("key_file", "That file is too large to be an SSH private key.")
+                return data
+            text = upload.read().decode(errors="replace")
+        if not text.strip():
+            self.add_error("private_key", "Paste the private key or upload its file.")
+        data["key_text"] = text
+        return data
+
+
 class NodeForm(forms.ModelForm[Node]):
     """Create or edit a node by hand: SSH address, GPUs (count × model × memory), host RAM."""
 
@@ -105,7 +150,7 @@ class NodeForm(forms.ModelForm[Node]):
 
     class Meta:
         model = Node
-        fields = ["name", "host", "port", "ssh_user", "key_file", "notes"]
+        fields = ["name", "host", "port", "ssh_user", "credential", "sglang_python", "notes"]
         widgets = {"notes": forms.Textarea(attrs={"rows": 3})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -146,12 +191,10 @@ class NodeForm(forms.ModelForm[Node]):
             raise forms.ValidationError(message)
         return user
 
-    def clean_key_file(self) -> str:
-        path: str = self.cleaned_data["key_file"].strip()
-        if path and (not os.path.isabs(path) or not path.isprintable()):
-            raise forms.ValidationError("Give the key file as an absolute path on the panel host.")
-        if path and not os.path.isfile(path):
-            raise forms.ValidationError(f"There is no file {path} on the panel host.")
+    def clean_sglang_python(self) -> str:
+        path: str = self.cleaned_data["sglang_python"].strip()
+        if message := rules.check_python_path(path):
+            raise forms.ValidationError(message)
         return path
 
     def clean_gpu_name(self) -> str:

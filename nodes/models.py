@@ -9,6 +9,28 @@ from nodes.choices import NodeStatus
 from nodes.domain.inventory import GpuSpec, gpu_summary
 
 
+class SshCredential(models.Model):
+    """An SSH private key, encrypted at rest with RANKWISE_ENCRYPTION_KEY; never shown again."""
+
+    name = models.CharField(max_length=63, unique=True)
+    key_type = models.CharField(max_length=32)
+    public_key = models.TextField()
+    fingerprint = models.CharField(max_length=64)
+    encrypted_private_key = models.BinaryField()
+    encrypted_passphrase = models.BinaryField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.key_type} {self.fingerprint})"
+
+    def audit_snapshot(self) -> dict[str, object]:
+        return {"name": self.name, "key_type": self.key_type, "fingerprint": self.fingerprint}
+
+
 class Node(models.Model):
     """A GPU machine Rankwise reaches over SSH."""
 
@@ -16,13 +38,32 @@ class Node(models.Model):
     host = models.CharField("SSH host", max_length=253)
     port = models.PositiveIntegerField("SSH port", default=22)
     ssh_user = models.CharField("SSH user", max_length=32, default="root")
-    key_file = models.CharField(
-        "SSH private key file",
-        max_length=4096,
+    credential = models.ForeignKey(
+        SshCredential,
+        on_delete=models.PROTECT,
+        null=True,
         blank=True,
-        help_text="Absolute path, on the panel host, of the private key; empty uses the agent.",
+        related_name="nodes",
+        verbose_name="SSH key",
     )
+    sglang_python = models.CharField(
+        "SGLang Python",
+        max_length=1024,
+        default="python3",
+        help_text="The interpreter that has SGLang installed, e.g. /opt/sglang/.venv/bin/python.",
+    )
+    # The host key an admin trusted ("ssh-ed25519 AAAA…"); an empty one means never trusted.
+    host_key = models.TextField(blank=True)
+    host_key_fingerprint = models.CharField(max_length=64, blank=True)
+    # A key seen on first contact, waiting for an admin to trust it.
+    offered_host_key = models.TextField(blank=True)
+    offered_host_key_fingerprint = models.CharField(max_length=64, blank=True)
     host_ram_bytes = models.PositiveBigIntegerField("host RAM (bytes)", null=True, blank=True)
+    mem_available_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    sglang_version = models.CharField(max_length=32, blank=True)
+    facts = models.JSONField(null=True, blank=True)
+    status_reason = models.TextField(blank=True)
+    last_discovered = models.DateTimeField(null=True, blank=True)
     labels = models.JSONField(default=list, blank=True)
     notes = models.TextField(blank=True)
     status = models.CharField(max_length=16, choices=NodeStatus, default=NodeStatus.UNKNOWN)
@@ -54,7 +95,9 @@ class Node(models.Model):
             "host": self.host,
             "port": self.port,
             "user": self.ssh_user,
-            "key_file": self.key_file,
+            "credential": self.credential.name if self.credential else None,
+            "sglang_python": self.sglang_python,
+            "host_key_fingerprint": self.host_key_fingerprint or None,
             "host_ram_bytes": self.host_ram_bytes,
             "gpus": [
                 {"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes}
@@ -74,7 +117,9 @@ class Gpu(models.Model):
     index = models.PositiveSmallIntegerField()
     name = models.CharField(max_length=128)
     memory_total_bytes = models.PositiveBigIntegerField("memory total (bytes)")
+    memory_used_bytes = models.PositiveBigIntegerField("memory used (bytes)", null=True, blank=True)
     uuid = models.CharField("UUID", max_length=64, blank=True)
+    processes = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["node", "index"]
@@ -84,6 +129,21 @@ class Gpu(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name} GPU {self.index}"
+
+
+class NodeEvent(models.Model):
+    """Something that happened to a node: a change found by discovery, lost or regained contact."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="events")
+    time = models.DateTimeField(auto_now_add=True, db_index=True)
+    kind = models.CharField(max_length=32)
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["-time", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} {self.kind}: {self.message}"
 
 
 class AuditEntry(models.Model):

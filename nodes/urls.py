@@ -12,5 +12,13 @@ urlpatterns = [
     path("nodes/<int:pk>/", views.node_detail, name="node-detail"),
     path("nodes/<int:pk>/edit/", views.node_edit, name="node-edit"),
     path("nodes/<int:pk>/delete/", views.node_delete, name="node-delete"),
+    path("nodes/<int:pk>/live/", views.node_live, name="node-live"),
+    path("nodes/<int:pk>/discover/", views.node_discover, name="node-discover"),
+    path("nodes/<int:pk>/host-key/fetch/", views.node_fetch_host_key, name="node-fetch-host-key"),
+    path("nodes/<int:pk>/host-key/trust/", views.node_trust_host_key, name="node-trust-host-key"),
+    path("nodes/<int:pk>/maintenance/", views.node_maintenance, name="node-maintenance"),
+    path("ssh-keys/", views.credential_list, name="credential-list"),
+    path("ssh-keys/new/", views.credential_create, name="credential-create"),
+    path("ssh-keys/<int:pk>/delete/", views.credential_delete, name="credential-delete"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

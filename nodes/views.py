@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import re
 
+from celery.result import AsyncResult
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db.models import Prefetch
+from django.db.models import Count, Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
+from django.views.decorators.debug import sensitive_post_parameters
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
 
+from nodes.audit import record
 from nodes.choices import Role
-from nodes.forms import NodeForm
-from nodes.models import AuditEntry, Gpu, Node
+from nodes.forms import CredentialForm, NodeForm
+from nodes.models import AuditEntry, Gpu, Node, SshCredential
 from nodes.roles import role_required
-from nodes.services.inventory import delete_node, save_node
+from nodes.services.credentials import create_credential, delete_credential
+from nodes.services.discovery import offer_host_key, trust_host_key
+from nodes.services.inventory import delete_node, save_node, set_maintenance
+from nodes.ssh import RemoteError
+from nodes.tasks import discover_node
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -47,9 +54,131 @@ def node_list(request: HtmxHttpRequest) -> HttpResponse:
 @require_GET
 @login_required
 def node_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
+    node = get_object_or_404(
+        Node.objects.prefetch_related("gpus").select_related("credential"), pk=pk
+    )
     history = AuditEntry.objects.filter(object_type="node", object_id=str(node.pk))[:20]
-    return render(request, "nodes/node_detail.html", {"node": node, "history": history})
+    events = node.events.all()[:20]
+    context = {"node": node, "history": history, "events": events, "task_id": None}
+    return render(request, "nodes/node_detail.html", context)
+
+
+@require_GET
+@login_required
+def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The node's live facts; while ``?task=ID`` (a discovery) runs, the fragment keeps polling."""
+    node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
+    task_id = request.GET.get("task", "")
+    if task_id and not re.fullmatch(r"[0-9a-f-]{36}", task_id):
+        task_id = ""
+    running = bool(task_id) and not AsyncResult(task_id).ready()
+    context = {
+        "node": node,
+        "task_id": task_id if running else None,
+        "finished": bool(task_id) and not running,
+    }
+    return render(request, "nodes/node_detail.html#node-live", context)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    node = get_object_or_404(Node, pk=pk)
+    record("node.discover", actor=request.user, obj=node, request=request)
+    result = discover_node.delay(node.pk)
+    if request.htmx:
+        node = Node.objects.prefetch_related("gpus").get(pk=pk)
+        return render(
+            request, "nodes/node_detail.html#node-live", {"node": node, "task_id": result.id}
+        )
+    messages.info(request, f"Discovery of {node.name} started.")
+    return redirect(reverse("nodes:node-detail", args=[node.pk]))
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def node_fetch_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    node = get_object_or_404(Node, pk=pk)
+    try:
+        key = offer_host_key(node, actor=request.user, request=request)
+    except RemoteError as exc:
+        messages.error(request, f"Could not fetch the host key: {exc.message}")
+    else:
+        messages.info(
+            request,
+            f"{node.name} presents host key {key.fingerprint}. Trust it only if it is the node's.",
+        )
+    return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    node = get_object_or_404(Node, pk=pk)
+    try:
+        trust_host_key(
+            node, request.POST.get("fingerprint", ""), actor=request.user, request=request
+        )
+    except RemoteError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Host key of {node.name} trusted.")
+    return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def node_maintenance(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    node = get_object_or_404(Node, pk=pk)
+    set_maintenance(node, request.POST.get("on") == "1", actor=request.user, request=request)
+    return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+
+
+@require_GET
+@role_required(Role.ADMIN)
+def credential_list(request: HtmxHttpRequest) -> HttpResponse:
+    credentials = SshCredential.objects.annotate(node_count=Count("nodes"))
+    return render(request, "nodes/credential_list.html", {"credentials": credentials})
+
+
+@sensitive_post_parameters("private_key", "passphrase")
+@require_http_methods(["GET", "POST"])
+@role_required(Role.ADMIN)
+def credential_create(request: HtmxHttpRequest) -> HttpResponseBase:
+    form = CredentialForm(request.POST or None, request.FILES or None)
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            credential = create_credential(
+                data["name"],
+                data["key_text"],
+                data.get("passphrase") or None,
+                actor=request.user,
+                request=request,
+            )
+        except RemoteError as exc:
+            form.add_error("private_key", exc.message)
+        else:
+            messages.success(
+                request, f"Key {credential.name} ({credential.fingerprint}) stored, encrypted."
+            )
+            return _redirect(request, reverse("nodes:credential-list"))
+    return render(request, "nodes/credential_form.html", {"form": form})
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def credential_delete(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    credential = get_object_or_404(SshCredential, pk=pk)
+    if credential.nodes.exists():
+        names = ", ".join(credential.nodes.values_list("name", flat=True))
+        messages.error(
+            request, f"Key {credential.name} is used by {names}; change those nodes first."
+        )
+    else:
+        delete_credential(credential, actor=request.user, request=request)
+        messages.success(request, f"Key {credential.name} deleted.")
+    return _redirect(request, reverse("nodes:credential-list"))
 
 
 @require_http_methods(["GET", "POST"])

@@ -411,7 +411,7 @@ StrictModes no
 UseDNS no
 MaxSessions 100
 MaxStartups 200:30:400
-LogLevel ERROR
+LogLevel INFO
 Subsystem sftp internal-sftp
 """
 

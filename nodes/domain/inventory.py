@@ -148,3 +148,29 @@ def gpu_summary(gpus: Iterable[GpuSpec]) -> str:
     return " + ".join(
         f"{count} × {name} · {format_bytes(memory)}" for (name, memory), count in groups.items()
     )
+
+
+def node_status(
+    *, reachable: bool, maintenance: bool, problems: Iterable[str], error: str | None = None
+) -> tuple[str, str]:
+    """``(status, reason)`` for a node: ``maintenance`` wins, then ``unreachable`` (with the
+    error), then ``degraded`` (with the problems, e.g. GPUs not detected), else ``ready``."""
+    found = [p for p in problems if p]
+    if maintenance:
+        return "maintenance", "; ".join(found)
+    if not reachable:
+        return "unreachable", error or "no answer"
+    if found:
+        return "degraded", "; ".join(found)
+    return "ready", ""
+
+
+def check_python_path(path: str) -> str | None:
+    """The SGLang interpreter: a bare command (``python3``) or an absolute path, no whitespace."""
+    if not path or len(path) > 1024 or not path.isprintable() or any(c.isspace() for c in path):
+        return "Give an interpreter such as python3 or /opt/sglang/.venv/bin/python (no spaces)."
+    if "/" in path and not path.startswith("/"):
+        return "Give an absolute path, or a bare command name found on the node's PATH."
+    if path.startswith("-"):
+        return "An interpreter path cannot start with '-'."
+    return None

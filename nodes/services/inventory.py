@@ -8,7 +8,7 @@ from django.http import HttpRequest
 
 from nodes.audit import record
 from nodes.forms import NodeForm
-from nodes.models import Node
+from nodes.models import Node, NodeEvent
 
 Actor = AbstractBaseUser | AnonymousUser
 
@@ -33,6 +33,29 @@ def save_node(form: NodeForm, *, actor: Actor, request: HttpRequest | None = Non
             request=request,
         )
     return node
+
+
+def set_maintenance(
+    node: Node, on: bool, *, actor: Actor, request: HttpRequest | None = None
+) -> None:
+    """Take a node out of service (no launches) or put it back; the next probe sets its status."""
+    from nodes.choices import NodeStatus
+
+    before = {"status": node.status}
+    status = NodeStatus.MAINTENANCE if on else NodeStatus.UNKNOWN
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(status=status)
+        NodeEvent.objects.create(
+            node=node, kind="status", message=f"{node.status} → {status} (set by {actor})"
+        )
+        record(
+            "node.maintenance",
+            actor=actor,
+            obj=node,
+            before=before,
+            after={"status": status},
+            request=request,
+        )
 
 
 def delete_node(node: Node, *, actor: Actor, request: HttpRequest | None = None) -> None:

@@ -7,17 +7,24 @@ goes to stderr. Bad input exits 1 with a one-line reason.
 from __future__ import annotations
 
 import json
-import os
 from typing import Any
 
+from celery.exceptions import TimeoutError as CeleryTimeout
 from django.core.management.base import CommandError, CommandParser
+from django.db import transaction
 
+from controlpanel.celery import app as celery_app
+from nodes import ssh
+from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain.units import UnitError, format_bytes, split_size
 from nodes.forms import NodeForm
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
-from nodes.models import Node
+from nodes.models import Node, SshCredential
+from nodes.services import discovery
+from nodes.services.credentials import create_credential
 from nodes.services.inventory import save_node
+from nodes.tasks import discover_node
 
 
 class Command(OneLineCommand):
@@ -31,7 +38,17 @@ class Command(OneLineCommand):
         add.add_argument("--host", required=True, help="SSH host name or IP address.")
         add.add_argument("--port", type=int, default=22, help="SSH port (default 22).")
         add.add_argument("--user", default="root", help="SSH user (default root).")
-        add.add_argument("--key-file", default="", help="Private key file on this host.")
+        add.add_argument(
+            "--key-file", default="", help="Private key to store (encrypted) and use for this node."
+        )
+        add.add_argument("--passphrase-file", default="", help="File holding the key's passphrase.")
+        add.add_argument("--credential", default="", help="Use a stored SSH key by name instead.")
+        add.add_argument("--python", default="python3", help="The node's SGLang interpreter.")
+        add.add_argument(
+            "--trust-host-key",
+            action="store_true",
+            help="Fetch the node's SSH host key now and trust it (prints its fingerprint).",
+        )
         add.add_argument("--gpus", type=int, default=0, help="Number of GPUs.")
         add.add_argument("--gpu-name", default="", help='GPU model, e.g. "NVIDIA H200".')
         add.add_argument("--gpu-memory", help="Memory per GPU with its unit: 96GiB or 103GB.")
@@ -39,6 +56,15 @@ class Command(OneLineCommand):
         add.add_argument("--labels", default="", help="Comma-separated labels.")
         add.add_argument("--notes", default="")
         add_actor_argument(add)
+
+        discover = sub.add_parser("discover", help="Learn the node's hardware over SSH.")
+        discover.add_argument("name")
+        discover.add_argument(
+            "--inline", action="store_true", help="Run here instead of through a Celery worker."
+        )
+        discover.add_argument("--json", action="store_true", help="Print one JSON document.")
+        discover.add_argument("--timeout", type=float, default=180.0)
+        add_actor_argument(discover)
 
         for verb, text in (("list", "List nodes."), ("show", "Show one node.")):
             p = sub.add_parser(verb, help=text)
@@ -50,6 +76,8 @@ class Command(OneLineCommand):
         action = options["action"]
         if action == "add":
             self.add(options)
+        elif action == "discover":
+            self.discover(options)
         elif action == "list":
             self.list(options)
         else:
@@ -62,7 +90,7 @@ class Command(OneLineCommand):
             "host": options["host"],
             "port": options["port"],
             "ssh_user": options["user"],
-            "key_file": os.path.abspath(options["key_file"]) if options["key_file"] else "",
+            "sglang_python": options["python"],
             "gpu_count": options["gpus"],
             "gpu_name": options["gpu_name"],
             "labels_text": options["labels"],
@@ -70,14 +98,94 @@ class Command(OneLineCommand):
         }
         data.update(_size_data("gpu_memory", options["gpu_memory"], "--gpu-memory"))
         data.update(_size_data("host_ram", options["host_ram"], "--host-ram"))
-        form = NodeForm(data)
-        if not form.is_valid():
-            raise CommandError(_first_error(form))
-        node = save_node(form, actor=actor)
+        host_key = None
+        if options["trust_host_key"]:
+            if not NodeForm(data).is_valid():  # a bad host must not be contacted at all
+                raise CommandError(_first_error(NodeForm(data)))
+            try:
+                host_key = ssh.fetch_host_key(options["host"], options["port"])
+            except ssh.RemoteError as exc:
+                raise CommandError(f"--trust-host-key: {exc.message}") from None
+        with transaction.atomic():
+            credential = self._credential(options, actor)
+            if credential is not None:
+                data["credential"] = credential.pk
+            form = NodeForm(data)
+            if not form.is_valid():
+                raise CommandError(_first_error(form))
+            node = save_node(form, actor=actor)
+            if host_key is not None:
+                offered = Node.objects.filter(pk=node.pk)
+                offered.update(
+                    offered_host_key=host_key.line,
+                    offered_host_key_fingerprint=host_key.fingerprint,
+                )
+                node.refresh_from_db()
+                discovery.trust_host_key(node, host_key.fingerprint, actor=actor)
         self.stderr.write(f"Added node {node.name} ({node.gpu_summary()}).")
+        if host_key is not None:
+            self.stderr.write(f"Trusted host key {host_key.fingerprint} of {node.host}.")
+
+    def _credential(self, options: dict[str, Any], actor: Any) -> SshCredential | None:
+        if options["credential"]:
+            found = SshCredential.objects.filter(name=options["credential"]).first()
+            if found is None:
+                raise CommandError(
+                    f"--credential: no stored SSH key named {options['credential']!r}"
+                )
+            return found
+        if not options["key_file"]:
+            return None
+        text = _read_small(options["key_file"], "--key-file")
+        passphrase = (
+            _read_small(options["passphrase_file"], "--passphrase-file").strip()
+            if options["passphrase_file"]
+            else None
+        )
+        try:
+            parsed = ssh.parse_private_key(text, passphrase)
+        except ssh.RemoteError as exc:
+            raise CommandError(f"--key-file: {exc.message}") from None
+        existing = SshCredential.objects.filter(fingerprint=parsed.fingerprint).first()
+        if existing is not None:
+            return existing
+        name = f"{options['name']}-key"[:63]
+        if SshCredential.objects.filter(name=name).exists():
+            name = f"{name[:50]}-{parsed.fingerprint[7:15].lower()}"
+        return create_credential(name, text, passphrase, actor=actor)
+
+    def discover(self, options: dict[str, Any]) -> None:
+        actor = resolve_actor(options["actor"], Role.OPERATOR)
+        node = Node.objects.filter(name=options["name"]).first()
+        if node is None:
+            raise CommandError(f"no node named {options['name']!r}")
+        self.stderr.write(f"Discovering {node.name} ({node.ssh_user}@{node.host}:{node.port})…")
+        if options["inline"]:
+            try:
+                doc = discovery.discover(node.pk, actor=actor).to_json()
+            except ssh.RemoteError as exc:
+                doc = {"error": exc.message, "kind": exc.kind}
+        else:
+            record("node.discover", actor=actor, obj=node)
+            if not celery_app.control.ping(timeout=1.0):
+                raise CommandError(
+                    "no Celery worker answers: start the panel (./run) or use --inline"
+                )
+            try:
+                doc = discover_node.delay(node.pk).get(timeout=options["timeout"])
+            except CeleryTimeout:
+                raise CommandError(f"no result within {options['timeout']:g} s") from None
+        if options["json"]:
+            self.stdout.write(json.dumps({"name": node.name, **doc}, indent=2))
+        else:
+            self._print_facts(node.name, doc)
+        if "error" in doc:
+            if not options["json"]:
+                raise CommandError(f"{node.name}: {doc['error']}")
+            raise SystemExit(1)
 
     def list(self, options: dict[str, Any]) -> None:
-        nodes = Node.objects.prefetch_related("gpus")
+        nodes = Node.objects.prefetch_related("gpus").select_related("credential")
         if options["json"]:
             self.stdout.write(json.dumps({"nodes": [n.audit_snapshot() for n in nodes]}, indent=2))
             return
@@ -102,8 +210,40 @@ class Command(OneLineCommand):
         self.stdout.write(f"{node.name}  {node.ssh_user}@{node.host}:{node.port}  [{node.status}]")
         self.stdout.write(f"  GPUs:     {node.gpu_summary()}")
         self.stdout.write(f"  Host RAM: {ram}")
+        self.stdout.write(f"  Status:   {node.status} {node.status_reason}".rstrip())
+        self.stdout.write(f"  SSH key:  {snapshot['credential'] or 'none (agent)'}")
+        self.stdout.write(f"  Host key: {node.host_key_fingerprint or 'not trusted'}")
         if node.labels:
             self.stdout.write(f"  Labels:   {', '.join(node.labels)}")
+
+    def _print_facts(self, name: str, doc: dict[str, Any]) -> None:
+        if "error" in doc:
+            return
+        self.stdout.write(f"{name}: {len(doc['gpus'])} GPUs via {doc['gpu_source'] or 'nothing'}")
+        for gpu in doc["gpus"]:
+            used, total = gpu["memory_used_bytes"], gpu["memory_total_bytes"]
+            self.stdout.write(
+                f"  GPU {gpu['index']}: {gpu['name']}  {format_bytes(used)} / {format_bytes(total)}"
+            )
+        if doc["host_ram_bytes"]:
+            total, available = doc["host_ram_bytes"], doc["mem_available_bytes"] or 0
+            self.stdout.write(
+                f"  host RAM {format_bytes(total, 'GB')}, available {format_bytes(available, 'GB')}"
+            )
+        self.stdout.write(f"  SGLang {doc['sglang_version'] or 'not found'}")
+        for problem in doc["problems"]:
+            self.stdout.write(f"  PROBLEM: {problem}")
+
+
+def _read_small(path: str, flag: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(64 * 1024 + 1)
+    except OSError as exc:
+        raise CommandError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    if len(text) > 64 * 1024:
+        raise CommandError(f"{flag}: {path} is too large to be an SSH key")
+    return text
 
 
 def _size_data(field: str, text: str | None, flag: str) -> dict[str, Any]:
@@ -128,7 +268,8 @@ def _first_error(form: NodeForm) -> str:
         "host": "--host",
         "port": "--port",
         "ssh_user": "--user",
-        "key_file": "--key-file",
+        "credential": "--key-file",
+        "sglang_python": "--python",
         "gpu_count": "--gpus",
         "gpu_name": "--gpu-name",
         "gpu_memory": "--gpu-memory",

@@ -1,0 +1,77 @@
+"""SSH credentials: stored encrypted, turned into connection targets only when used."""
+
+from __future__ import annotations
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.http import HttpRequest
+
+from nodes import secrets, ssh
+from nodes.audit import record
+from nodes.models import Node, SshCredential
+
+Actor = AbstractBaseUser | AnonymousUser
+
+
+def create_credential(
+    name: str,
+    private_key: str,
+    passphrase: str | None,
+    *,
+    actor: Actor,
+    request: HttpRequest | None = None,
+) -> SshCredential:
+    """Check the key opens (with its passphrase), store it encrypted, audit ``credential.create``.
+
+    Raises ``ssh.RemoteError(kind="bad_key")`` when the key cannot be used; nothing is saved then.
+    """
+    parsed = ssh.parse_private_key(private_key, passphrase)
+    with transaction.atomic():
+        credential = SshCredential.objects.create(
+            name=name,
+            key_type=parsed.key_type,
+            public_key=parsed.public_key,
+            fingerprint=parsed.fingerprint,
+            encrypted_private_key=secrets.encrypt(private_key),
+            encrypted_passphrase=secrets.encrypt(passphrase) if passphrase else None,
+            created_by=actor.get_username() if actor.is_authenticated else "cli",
+        )
+        record(
+            "credential.create",
+            actor=actor,
+            obj=credential,
+            after=credential.audit_snapshot(),
+            request=request,
+        )
+    return credential
+
+
+def delete_credential(
+    credential: SshCredential, *, actor: Actor, request: HttpRequest | None = None
+) -> None:
+    with transaction.atomic():
+        record(
+            "credential.delete",
+            actor=actor,
+            obj=credential,
+            before=credential.audit_snapshot(),
+            request=request,
+        )
+        credential.delete()
+
+
+def target_for(node: Node) -> ssh.Target:
+    """How to reach ``node``, with its key decrypted in memory for this use only."""
+    credential = node.credential
+    return ssh.Target(
+        host=node.host,
+        port=node.port,
+        user=node.ssh_user,
+        private_key=secrets.decrypt(credential.encrypted_private_key) if credential else None,
+        passphrase=(
+            secrets.decrypt(credential.encrypted_passphrase)
+            if credential and credential.encrypted_passphrase
+            else None
+        ),
+        host_key=ssh.HostKey.from_line(node.host_key) if node.host_key else None,
+    )

@@ -1,0 +1,354 @@
+"""The only place Rankwise uses paramiko: connect with timeouts and host-key checking, run a
+command given as an argument list (quoted once, here), and report failures as ``RemoteError``.
+
+Host keys are never accepted silently: a node without a trusted key is refused until an admin
+trusts the key ``fetch_host_key`` shows, and a key that differs from the trusted one is refused
+before authentication, so nothing runs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import shlex
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import paramiko
+
+CONNECT_TIMEOUT_S = 5.0
+COMMAND_TIMEOUT_S = 60.0
+KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (
+    paramiko.Ed25519Key,
+    paramiko.ECDSAKey,
+    paramiko.RSAKey,
+)
+
+
+class RemoteError(Exception):
+    """A failure talking to a node, worded for an operator.
+
+    ``kind`` is one of: ``unreachable``, ``timeout``, ``auth``, ``host_key_unknown``,
+    ``host_key_mismatch``, ``command_failed``, ``bad_key``. ``permanent`` says whether retrying
+    without a change can help. ``exit_status`` and ``stderr_tail`` are set for
+    ``command_failed``.
+    """
+
+    def __init__(
+        self,
+        kind: str,
+        message: str,
+        *,
+        permanent: bool = False,
+        exit_status: int | None = None,
+        stderr_tail: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.message = message
+        self.permanent = permanent
+        self.exit_status = exit_status
+        self.stderr_tail = stderr_tail
+
+
+@dataclass(frozen=True)
+class HostKey:
+    """A host key as OpenSSH writes it: ``"ssh-ed25519 AAAA…"``, with its SHA256 fingerprint."""
+
+    key_type: str
+    base64: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.key_type} {self.base64}"
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint_of(base64.b64decode(self.base64))
+
+    @classmethod
+    def from_line(cls, line: str) -> HostKey:
+        key_type, _, data = line.strip().partition(" ")
+        return cls(key_type, data.split()[0] if data else "")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and how to reach a node. ``private_key`` is the decrypted OpenSSH/PEM text."""
+
+    host: str
+    port: int
+    user: str
+    private_key: str | None
+    passphrase: str | None
+    host_key: HostKey | None
+
+
+@dataclass(frozen=True)
+class Result:
+    """A finished command: exit status, stdout and stderr as text."""
+
+    exit_status: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True)
+class ParsedKey:
+    """What a private key reveals publicly: type, OpenSSH public key line, fingerprint."""
+
+    key_type: str
+    public_key: str
+    fingerprint: str
+
+
+def fingerprint_of(blob: bytes) -> str:
+    """OpenSSH's ``SHA256:…`` fingerprint of a public key blob (base64, no padding)."""
+    return "SHA256:" + base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+
+
+def _load_key(text: str, passphrase: str | None) -> paramiko.PKey:
+    last: Exception | None = None
+    for klass in KEY_CLASSES:
+        try:
+            return klass.from_private_key(io.StringIO(text), password=passphrase or None)
+        except paramiko.PasswordRequiredException:
+            raise RemoteError(
+                "bad_key",
+                "the key is protected by a passphrase; give the passphrase",
+                permanent=True,
+            ) from None
+        except (paramiko.SSHException, ValueError) as exc:
+            last = exc
+    wrong_pass = passphrase and last is not None and "password" in str(last).lower()
+    raise RemoteError(
+        "bad_key",
+        "the passphrase does not open this key"
+        if wrong_pass
+        else "not an OpenSSH or PEM private key (ed25519, ECDSA or RSA)",
+        permanent=True,
+    )
+
+
+def parse_private_key(text: str, passphrase: str | None = None) -> ParsedKey:
+    """Check that ``text`` is a private key we can use; return its public parts.
+
+    Raises ``RemoteError(kind="bad_key")``; the message never contains key material.
+    """
+    key = _load_key(text, passphrase)
+    return ParsedKey(
+        key.get_name(), f"{key.get_name()} {key.get_base64()}", fingerprint_of(key.asbytes())
+    )
+
+
+def fetch_host_key(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> HostKey:
+    """The key the server at ``host:port`` presents, without authenticating or running anything."""
+    sock = _open_socket(host, port, timeout)
+    transport = paramiko.Transport(sock)
+    try:
+        transport.start_client(timeout=timeout)
+        key = transport.get_remote_server_key()
+        return HostKey(key.get_name(), key.get_base64())
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise RemoteError(
+            "unreachable", f"{host}:{port} did not complete an SSH handshake: {exc}"
+        ) from None
+    finally:
+        transport.close()
+
+
+def _open_socket(host: str, port: int, timeout: float) -> socket.socket:
+    try:
+        return socket.create_connection((host, port), timeout=timeout)
+    except TimeoutError:
+        raise RemoteError("timeout", f"{host}:{port} did not answer within {timeout:g} s") from None
+    except OSError as exc:
+        raise RemoteError(
+            "unreachable", f"cannot reach {host}:{port}: {exc.strerror or exc}"
+        ) from None
+
+
+class _Pin(paramiko.MissingHostKeyPolicy):
+    """Refuse any key but the trusted one (paramiko calls this only for unknown keys)."""
+
+    def missing_host_key(
+        self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey
+    ) -> None:
+        raise RemoteError(
+            "host_key_unknown",
+            f"{hostname} presents host key {fingerprint_of(key.asbytes())}, which no admin has "
+            "trusted yet; nothing was run",
+            permanent=True,
+        )
+
+
+def connect(target: Target, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHClient:
+    """An authenticated connection to ``target``; raises ``RemoteError`` on any failure."""
+    client = paramiko.SSHClient()
+    client.set_missing_host_key_policy(_Pin())
+    if target.host_key is not None:
+        name = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+        key = paramiko.PKey.from_type_string(
+            target.host_key.key_type, base64.b64decode(target.host_key.base64)
+        )
+        client.get_host_keys().add(name, target.host_key.key_type, key)
+    pkey = _load_key(target.private_key, target.passphrase) if target.private_key else None
+    sock = _open_socket(target.host, target.port, timeout)
+    try:
+        client.connect(
+            target.host,
+            port=target.port,
+            username=target.user,
+            pkey=pkey,
+            sock=sock,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            allow_agent=pkey is None,
+            look_for_keys=False,
+        )
+    except RemoteError:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        raise RemoteError(
+            "host_key_mismatch",
+            f"HOST KEY CHANGED for {target.host}: it presents {fingerprint_of(exc.key.asbytes())}, "
+            f"but the trusted key is {target.host_key.fingerprint if target.host_key else '?'}. "
+            "Nothing was run. If the node was reinstalled, fetch and trust the new key.",
+            permanent=True,
+        ) from None
+    except paramiko.AuthenticationException:
+        client.close()
+        raise RemoteError(
+            "auth",
+            f"{target.user}@{target.host} refused the SSH key (authentication failed)",
+            permanent=True,
+        ) from None
+    except TimeoutError:
+        client.close()
+        raise RemoteError("timeout", f"{target.host}: SSH handshake timed out") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        client.close()
+        raise RemoteError("unreachable", f"{target.host}: SSH failed: {exc}") from None
+    return client
+
+
+def quote(argv: list[str]) -> str:
+    """The one place an argument list becomes a remote shell command line."""
+    return shlex.join(argv)
+
+
+def run(
+    client: paramiko.SSHClient,
+    argv: list[str],
+    *,
+    stdin: bytes | None = None,
+    timeout: float = COMMAND_TIMEOUT_S,
+    check: bool = True,
+) -> Result:
+    """Run ``argv`` on the node; with ``check`` a non-zero exit raises ``RemoteError``."""
+    try:
+        channel = client.get_transport().open_session(timeout=timeout)  # type: ignore[union-attr]
+        channel.settimeout(timeout)
+        channel.exec_command(quote(argv))
+        if stdin is not None:
+            channel.sendall(stdin)
+        channel.shutdown_write()
+        stdout, stderr = _drain(channel, timeout)
+        status = channel.recv_exit_status()
+    except TimeoutError:
+        raise RemoteError("timeout", f"{argv[0]} did not finish within {timeout:g} s") from None
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise RemoteError(
+            "unreachable", f"the connection broke while running {argv[0]}: {exc}"
+        ) from None
+    result = Result(status, stdout.decode(errors="replace"), stderr.decode(errors="replace"))
+    if check and status != 0:
+        tail = "\n".join(result.stderr.strip().splitlines()[-5:])
+        raise RemoteError(
+            "command_failed",
+            f"{argv[0]} exited with status {status}" + (f": {tail}" if tail else ""),
+            exit_status=status,
+            stderr_tail=tail,
+        )
+    return result
+
+
+def _drain(channel: paramiko.Channel, timeout: float) -> tuple[bytes, bytes]:
+    out, err = bytearray(), bytearray()
+    deadline = time.monotonic() + timeout
+    while True:
+        if channel.recv_ready():
+            out += channel.recv(65536)
+        elif channel.recv_stderr_ready():
+            err += channel.recv_stderr(65536)
+        elif (
+            channel.exit_status_ready()
+            and not channel.recv_ready()
+            and not channel.recv_stderr_ready()
+        ):
+            break
+        else:
+            if time.monotonic() > deadline:
+                raise TimeoutError
+            time.sleep(0.005)
+    return bytes(out), bytes(err)
+
+
+class Pool:
+    """Connections kept open between uses, one per target, so sweeps of many nodes stay fast.
+
+    Thread-safe: each target's connection is used by one thread at a time.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._clients: dict[Target, paramiko.SSHClient] = {}
+        self._locks: dict[Target, threading.Lock] = {}
+
+    @contextmanager
+    def session(
+        self, target: Target, timeout: float = CONNECT_TIMEOUT_S
+    ) -> Iterator[paramiko.SSHClient]:
+        with self._lock:
+            lock = self._locks.setdefault(target, threading.Lock())
+        with lock:
+            client = self._clients.get(target)
+            transport = client.get_transport() if client else None
+            if client is None or transport is None or not transport.is_active():
+                if client is not None:
+                    client.close()
+                client = connect(target, timeout)
+                self._clients[target] = client
+            try:
+                yield client
+            except RemoteError as exc:
+                if exc.kind in ("unreachable", "timeout"):
+                    self.drop(target)
+                raise
+
+    def drop(self, target: Target) -> None:
+        client = self._clients.pop(target, None)
+        if client is not None:
+            client.close()
+
+    def close(self) -> None:
+        for target in list(self._clients):
+            self.drop(target)
+
+
+#: The worker process's connections (Celery tasks in one process share them).
+pool = Pool()
+
+
+def keepalive(client: paramiko.SSHClient, seconds: int = 15) -> None:
+    transport = client.get_transport()
+    if transport is not None:
+        transport.set_keepalive(seconds)
