@@ -125,7 +125,10 @@ def _load_key(text: str, passphrase: str | None) -> paramiko.PKey:
             ) from None
         except (paramiko.SSHException, ValueError) as exc:
             last = exc
-    wrong_pass = passphrase and last is not None and "password" in str(last).lower()
+    # paramiko words a wrong passphrase as "checkints do not match" (OpenSSH format) or a
+    # decryption failure (PEM).
+    reason = str(last).lower()
+    wrong_pass = passphrase and any(w in reason for w in ("checkint", "password", "decrypt"))
     raise RemoteError(
         "bad_key",
         "the passphrase does not open this key"

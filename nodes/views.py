@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import uuid
 
 from celery.result import AsyncResult
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.db.models import Count, Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
@@ -85,12 +87,12 @@ def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     node = get_object_or_404(Node, pk=pk)
     record("node.discover", actor=request.user, obj=node, request=request)
-    result = discover_node.delay(node.pk)
+    task_id = str(uuid.uuid4())
+    transaction.on_commit(lambda: discover_node.apply_async((node.pk,), task_id=task_id))
     if request.htmx:
         node = Node.objects.prefetch_related("gpus").get(pk=pk)
-        return render(
-            request, "nodes/node_detail.html#node-live", {"node": node, "task_id": result.id}
-        )
+        context = {"node": node, "task_id": task_id}
+        return render(request, "nodes/node_detail.html#node-live", context)
     messages.info(request, f"Discovery of {node.name} started.")
     return redirect(reverse("nodes:node-detail", args=[node.pk]))
 
