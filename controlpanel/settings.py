@@ -54,6 +54,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django.forms",
+    "django.contrib.humanize",
     "django_htmx",
     "template_partials",
     "nodes",
@@ -171,5 +172,10 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # 403/404 are answered to the user; a traceback per refusal would only bury real errors.
-    "loggers": {"django.db.backends": {"level": "INFO"}, "django.request": {"level": "ERROR"}},
+    "loggers": {
+        "django.db.backends": {"level": "INFO"},
+        "django.request": {"level": "ERROR"},
+        # paramiko logs every connection at INFO; Rankwise reports what matters itself.
+        "paramiko": {"level": "WARNING"},
+    },
 }

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 
 from nodes.models import AuditEntry, Gpu, Node
@@ -35,6 +37,20 @@ class GpuInline(admin.TabularInline[Gpu, Node]):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+class ReadOnlyUserAdmin(ReadOnlyAdmin, UserAdmin[User]):
+    """Users are managed with ``manage.py user``, which audits every change."""
+
+
+class ReadOnlyGroupAdmin(ReadOnlyAdmin, GroupAdmin):
+    """The three role groups are fixed; membership changes through ``manage.py user``."""
+
+
+admin.site.unregister(User)
+admin.site.unregister(Group)
+admin.site.register(User, ReadOnlyUserAdmin)
+admin.site.register(Group, ReadOnlyGroupAdmin)
 
 
 @admin.register(Node)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Any
 
 from celery.result import AsyncResult
 from django.contrib import messages
@@ -73,11 +74,17 @@ def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     task_id = request.GET.get("task", "")
     if task_id and not re.fullmatch(r"[0-9a-f-]{36}", task_id):
         task_id = ""
-    running = bool(task_id) and not AsyncResult(task_id).ready()
+    result: AsyncResult[Any] | None = AsyncResult(task_id) if task_id else None
+    running = result is not None and not result.ready()
+    outcome = result.result if result is not None and result.successful() else None
+    error = outcome.get("error") if isinstance(outcome, dict) else None
+    if result is not None and result.failed():
+        error = "the discovery task crashed; see the worker's log"
     context = {
         "node": node,
         "task_id": task_id if running else None,
-        "finished": bool(task_id) and not running,
+        "finished": result is not None and not running and not error,
+        "discovery_error": error,
     }
     return render(request, "nodes/node_detail.html#node-live", context)
 
@@ -86,6 +93,9 @@ def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @role_required(Role.OPERATOR)
 def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     node = get_object_or_404(Node, pk=pk)
+    if not node.host_key:
+        messages.error(request, f"Trust {node.name}'s host key first: nothing runs on it before.")
+        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
     record("node.discover", actor=request.user, obj=node, request=request)
     task_id = str(uuid.uuid4())
     transaction.on_commit(lambda: discover_node.apply_async((node.pk,), task_id=task_id))
@@ -124,7 +134,9 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     except RemoteError as exc:
         messages.error(request, exc.message)
     else:
-        messages.success(request, f"Host key of {node.name} trusted.")
+        # The first thing anyone wants after trusting a node is to see it: discover it now.
+        transaction.on_commit(lambda: discover_node.delay(node.pk))
+        messages.success(request, f"Host key of {node.name} trusted; discovering it now.")
     return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
 
 

@@ -331,10 +331,19 @@ class Fleet:
         """Give the node a new host key (sshd reloads it); return the new fingerprint."""
         folder = self.node_dir(name)
         key = os.path.join(folder, "ssh_host_ed25519_key")
-        for path in (key, key + ".pub"):
+        fresh = os.path.join(folder, "rekey.tmp")
+        for path in (fresh, fresh + ".pub"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", key)
+        _run("ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", name, "-f", fresh)
+        # Rewrite in place: the node sees these files through bind mounts of their inodes.
+        for suffix in ("", ".pub"):
+            with open(fresh + suffix, "rb") as src, open(key + suffix, "r+b") as dst:
+                data = src.read()
+                dst.seek(0)
+                dst.write(data)
+                dst.truncate()
+            os.unlink(fresh + suffix)
         self.node_exec(name, ["sh", "-c", "kill -HUP $(cat /run/simfleet/sshd.pid)"])
         time.sleep(0.3)
         return self.fingerprint(name)
@@ -347,9 +356,13 @@ class Fleet:
     def hold(self, name: str, gpu: int, size: int) -> None:
         """Start a foreign process on the node holding ``size`` bytes on GPU ``gpu``."""
         pid = self.init_pid(name)
-        gpus = NodeSpec(**self.record(name).spec).gpus
-        if not 0 <= gpu < gpus:
-            raise FleetError(f"node {name} has GPUs 0..{gpus - 1}")
+        spec = NodeSpec(**self.record(name).spec)
+        if not 0 <= gpu < spec.gpus:
+            raise FleetError(f"node {name} has GPUs 0..{spec.gpus - 1}")
+        if not 0 < size <= spec.gpu_memory_bytes:
+            raise FleetError(
+                f"GPU {gpu} of {name} has {spec.gpu_memory_bytes:,} bytes; cannot hold {size:,}"
+            )
         subprocess.Popen(
             [
                 "nsenter",

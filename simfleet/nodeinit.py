@@ -140,6 +140,10 @@ def main() -> None:
     build_proc_and_cgroup(config)
     build_usr_local(config)
     build_home(node_dir, models_dir)
+    # The node's own host key where an operator looks for it (inside this node only).
+    for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
+        if os.path.exists(f"/etc/ssh/{name}"):
+            mount("--bind", f"/run/simfleet/{name}", f"/etc/ssh/{name}")
     sshd = start_sshd()
     from simnode import state
 

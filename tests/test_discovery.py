@@ -194,3 +194,31 @@ def test_cli_discover_of_an_unreachable_node_exits_1_with_json(sim_fleet):
     assert result.returncode == 1
     doc = json.loads(result.stdout)
     assert doc["kind"] in ("timeout", "unreachable") and doc["name"] == "spare"
+
+
+def test_untrusted_nodes_are_unknown_not_unreachable_and_heartbeat_leaves_them(sim_fleet):
+    node = register_sim_node(sim_fleet["no-nvml"], trust=False)
+    with pytest.raises(ssh.RemoteError):
+        discovery.discover(node.pk)
+    node.refresh_from_db()
+    assert node.status == "unknown" and "no admin has trusted yet" in node.status_reason
+    assert discovery.heartbeat_sweep(timeout=3) == []
+
+
+def test_cli_trust_host_key_needs_the_checked_fingerprint(sim_fleet):
+    sim = sim_fleet["leaky"]
+    node = register_sim_node(sim, trust=False)
+    shown = _cli("node", "trust-host-key", node.name)
+    assert shown.returncode == 0 and shown.stdout.strip() == sim.host_key_fingerprint
+    assert "run this again with --fingerprint" in shown.stderr
+    wrong = _cli("node", "trust-host-key", node.name, "--fingerprint", "SHA256:nope")
+    assert wrong.returncode == 1 and "nothing was trusted" in wrong.stderr
+    node.refresh_from_db()
+    assert node.host_key == ""
+    right = _cli("node", "trust-host-key", node.name, "--fingerprint", sim.host_key_fingerprint)
+    assert right.returncode == 0, right.stderr
+    node.refresh_from_db()
+    assert node.host_key_fingerprint == sim.host_key_fingerprint
+    # On the node, the fingerprint an operator checks is the one it presents.
+    on_node = sim.ok("ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+    assert on_node == sim.host_key_fingerprint

@@ -53,7 +53,9 @@ def test_viewer_cannot_start_discovery(viewer_client):
 def test_operator_starts_discovery_and_gets_a_polling_fragment(
     operator_client, celery_app_for_tests, django_capture_on_commit_callbacks
 ):
-    node = make_node()
+    node = make_node(
+        host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHh4", host_key_fingerprint="SHA256:x"
+    )
     with django_capture_on_commit_callbacks(execute=False) as callbacks:
         response = operator_client.post(
             reverse("nodes:node-discover", args=[node.pk]), headers={"HX-Request": "true"}
@@ -168,3 +170,37 @@ def test_maintenance_is_set_by_an_admin_and_recorded(admin_client_):
     assert node.status == "maintenance"
     assert NodeEvent.objects.filter(node=node, message__contains="maintenance").exists()
     assert AuditEntry.objects.filter(action="node.maintenance").exists()
+
+
+def test_discovery_needs_a_trusted_host_key(operator_client):
+    node = make_node()
+    operator_client.post(reverse("nodes:node-discover", args=[node.pk]))
+    assert not AuditEntry.objects.filter(action="node.discover").exists()
+
+
+def test_a_failed_discovery_says_so(viewer_client, celery_app_for_tests):
+    from celery.result import AsyncResult
+
+    node = make_node()
+    backend = celery_app_for_tests.backend
+    task_id = "0b0e7a3c-8f7e-4c1e-9d51-1c8f2f0a9e11"
+    backend.store_result(
+        task_id, {"error": "cannot reach 10.0.0.5:22", "kind": "unreachable"}, "SUCCESS"
+    )
+    assert AsyncResult(task_id).ready()
+    body = viewer_client.get(
+        reverse("nodes:node-live", args=[node.pk]), {"task": task_id}
+    ).content.decode()
+    assert "Discovery failed: cannot reach 10.0.0.5:22" in body and "Discovery finished" not in body
+    assert "hx-trigger" not in body
+
+
+def test_users_and_groups_are_read_only_in_the_admin(admin_user):
+    from django.test import Client
+
+    admin_user.is_staff = admin_user.is_superuser = True
+    admin_user.save()
+    client = Client()
+    client.force_login(admin_user)
+    assert client.get(reverse("admin:auth_user_add")).status_code == 403
+    assert client.get(reverse("admin:auth_group_add")).status_code == 403

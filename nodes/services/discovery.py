@@ -152,8 +152,16 @@ def save_live(node: Node, facts: NodeFacts) -> None:
 
 
 def save_unreachable(node: Node, error: ssh.RemoteError) -> None:
-    """The node did not answer (or refused us): say so, keep last-seen as it was."""
-    status = NodeStatus.MAINTENANCE if node.status == NodeStatus.MAINTENANCE else "unreachable"
+    """The node did not answer (or refused us): say so, keep last-seen as it was.
+
+    A node whose host key nobody trusted yet is not unreachable: it stays ``unknown``.
+    """
+    if node.status == NodeStatus.MAINTENANCE:
+        status = NodeStatus.MAINTENANCE
+    elif error.kind == "host_key_unknown":
+        status = NodeStatus.UNKNOWN
+    else:
+        status = NodeStatus.UNREACHABLE
     with transaction.atomic():
         _status_event(node, status, error.message)
         Node.objects.filter(pk=node.pk).update(status=status, status_reason=error.message)
@@ -180,7 +188,8 @@ def _process_json(process: GpuProcess) -> dict[str, object]:
 
 def heartbeat_sweep(timeout: float = HEARTBEAT_TIMEOUT_S) -> list[Outcome]:
     """Probe every node at once (light probe), each bounded by ``timeout`` seconds; save all."""
-    nodes = list(Node.objects.select_related("credential"))
+    # Nodes without a trusted host key are not contacted at all until an admin trusts one.
+    nodes = list(Node.objects.select_related("credential").exclude(host_key=""))
     if not nodes:
         return []
     started = time.monotonic()
@@ -247,6 +256,8 @@ def trust_host_key(
             host_key_fingerprint=fingerprint,
             offered_host_key="",
             offered_host_key_fingerprint="",
+            status=NodeStatus.UNKNOWN if node.status != NodeStatus.MAINTENANCE else node.status,
+            status_reason="host key trusted; not discovered since",
         )
         NodeEvent.objects.create(
             node=node, kind="host_key", message=f"host key {fingerprint} trusted"

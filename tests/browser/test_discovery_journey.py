@@ -40,7 +40,7 @@ def test_register_trust_discover(live_server, page, sim_fleet, celery_worker):
     page.get_by_role("button", name="Fetch host key").click()
     expect(page.locator("#host-key")).to_contain_text(sim.host_key_fingerprint)
     page.get_by_role("button", name=re.compile("^Trust ")).click()
-    expect(page.locator(".messages")).to_contain_text("Host key of incident trusted.")
+    expect(page.locator(".messages")).to_contain_text("Host key of incident trusted; discovering")
     expect(page.locator("#host-key")).to_have_count(0)
 
     page.get_by_role("button", name="Discover now").click()

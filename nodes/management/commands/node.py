@@ -57,6 +57,16 @@ class Command(OneLineCommand):
         add.add_argument("--notes", default="")
         add_actor_argument(add)
 
+        trust = sub.add_parser(
+            "trust-host-key",
+            help="Show the host key a node presents; with --fingerprint, trust it if it matches.",
+        )
+        trust.add_argument("name")
+        trust.add_argument(
+            "--fingerprint", default="", help="The SHA256:… you checked on the node."
+        )
+        add_actor_argument(trust)
+
         discover = sub.add_parser("discover", help="Learn the node's hardware over SSH.")
         discover.add_argument("name")
         discover.add_argument(
@@ -78,6 +88,8 @@ class Command(OneLineCommand):
             self.add(options)
         elif action == "discover":
             self.discover(options)
+        elif action == "trust-host-key":
+            self.trust(options)
         elif action == "list":
             self.list(options)
         else:
@@ -154,6 +166,33 @@ class Command(OneLineCommand):
             name = f"{name[:50]}-{parsed.fingerprint[7:15].lower()}"
         return create_credential(name, text, passphrase, actor=actor)
 
+    def trust(self, options: dict[str, Any]) -> None:
+        actor = resolve_actor(options["actor"], Role.ADMIN)
+        node = Node.objects.filter(name=options["name"]).first()
+        if node is None:
+            raise CommandError(f"no node named {options['name']!r}")
+        try:
+            key = discovery.offer_host_key(node, actor=actor)
+        except ssh.RemoteError as exc:
+            raise CommandError(exc.message) from None
+        if not options["fingerprint"]:
+            self.stdout.write(key.fingerprint)
+            self.stderr.write(
+                f"{node.name} ({node.host}) presents {key.fingerprint}. Check it on the node "
+                f"(ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub), then run this again "
+                f"with --fingerprint {key.fingerprint}"
+            )
+            return
+        node.refresh_from_db()
+        try:
+            discovery.trust_host_key(node, options["fingerprint"], actor=actor)
+        except ssh.RemoteError:
+            raise CommandError(
+                f"--fingerprint: {node.name} presents {key.fingerprint}, not "
+                f"{options['fingerprint']}; nothing was trusted"
+            ) from None
+        self.stderr.write(f"Trusted host key {key.fingerprint} of {node.name}.")
+
     def discover(self, options: dict[str, Any]) -> None:
         actor = resolve_actor(options["actor"], Role.OPERATOR)
         node = Node.objects.filter(name=options["name"]).first()
@@ -213,6 +252,14 @@ class Command(OneLineCommand):
         self.stdout.write(f"  Status:   {node.status} {node.status_reason}".rstrip())
         self.stdout.write(f"  SSH key:  {snapshot['credential'] or 'none (agent)'}")
         self.stdout.write(f"  Host key: {node.host_key_fingerprint or 'not trusted'}")
+        self.stdout.write(f"  SGLang:   {node.sglang_version or 'unknown'} ({node.sglang_python})")
+        seen = node.last_seen.isoformat(timespec="seconds") if node.last_seen else "never"
+        self.stdout.write(f"  Last seen: {seen}")
+        for gpu in node.gpus.all():
+            used = format_bytes(gpu.memory_used_bytes) if gpu.memory_used_bytes is not None else "?"
+            self.stdout.write(
+                f"    GPU {gpu.index}: {gpu.name}  {used} / {format_bytes(gpu.memory_total_bytes)}"
+            )
         if node.labels:
             self.stdout.write(f"  Labels:   {', '.join(node.labels)}")
 
