@@ -12,7 +12,7 @@ from django.http import HttpRequest
 from nodes.models import AuditEntry, Gpu, Node
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+class ViewOnly:
     """Support can look; changes go through the panel, where they are validated and audited."""
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -25,18 +25,13 @@ class ReadOnlyAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         return False
 
 
-class GpuInline(admin.TabularInline[Gpu, Node]):
+class ReadOnlyAdmin(ViewOnly, admin.ModelAdmin):  # type: ignore[type-arg]
+    pass
+
+
+class GpuInline(ViewOnly, admin.TabularInline[Gpu, Node]):
     model = Gpu
     extra = 0
-
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 class ReadOnlyUserAdmin(ReadOnlyAdmin, UserAdmin[User]):

@@ -7,6 +7,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from nodes.audit import record
+from nodes.choices import NodeStatus
 from nodes.forms import NodeForm
 from nodes.models import Node, NodeEvent
 
@@ -39,8 +40,6 @@ def set_maintenance(
     node: Node, on: bool, *, actor: Actor, request: HttpRequest | None = None
 ) -> None:
     """Take a node out of service (no launches) or put it back; the next probe sets its status."""
-    from nodes.choices import NodeStatus
-
     before = {"status": node.status}
     status = NodeStatus.MAINTENANCE if on else NodeStatus.UNKNOWN
     with transaction.atomic():
