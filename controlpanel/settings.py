@@ -152,6 +152,16 @@ CELERY_TASK_ACKS_LATE = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_TIME_LIMIT = env_int("CELERY_TASK_TIME_LIMIT", 3600)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A web request that enqueues a task must not hang when Redis is down: fail within seconds.
+CELERY_BROKER_CONNECTION_TIMEOUT = 2
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 1,
+}
+CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 2
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 10}
 CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
 # Seconds between heartbeats (each node's reachability, GPU memory in use, MemAvailable).
 RANKWISE_HEARTBEAT_SECONDS = env_int("RANKWISE_HEARTBEAT_SECONDS", 30)
@@ -175,7 +185,8 @@ LOGGING = {
     "loggers": {
         "django.db.backends": {"level": "INFO"},
         "django.request": {"level": "ERROR"},
-        # paramiko logs every connection at INFO; Rankwise reports what matters itself.
-        "paramiko": {"level": "WARNING"},
+        # paramiko logs every connection, and every failed one with a traceback; Rankwise turns
+        # those failures into RemoteError messages itself.
+        "paramiko": {"level": "CRITICAL"},
     },
 }

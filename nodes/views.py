@@ -10,15 +10,16 @@ from celery.result import AsyncResult
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.db import transaction
 from django.db.models import Count, Prefetch
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
-from django.views.decorators.debug import sensitive_post_parameters
+from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from django_htmx.http import HttpResponseClientRedirect
 from django_htmx.middleware import HtmxDetails
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from nodes.audit import record
 from nodes.choices import Role
@@ -75,11 +76,14 @@ def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if task_id and not re.fullmatch(r"[0-9a-f-]{36}", task_id):
         task_id = ""
     result: AsyncResult[Any] | None = AsyncResult(task_id) if task_id else None
-    running = result is not None and not result.ready()
-    outcome = result.result if result is not None and result.successful() else None
-    error = outcome.get("error") if isinstance(outcome, dict) else None
-    if result is not None and result.failed():
-        error = "the discovery task crashed; see the worker's log"
+    try:
+        running = result is not None and not result.ready()
+        outcome = result.result if result is not None and result.successful() else None
+        error = outcome.get("error") if isinstance(outcome, dict) else None
+        if result is not None and result.failed():
+            error = "the discovery task crashed; see the worker's log"
+    except (OperationalError, RedisError):
+        running, error = False, "the task queue (Redis) does not answer"
     context = {
         "node": node,
         "task_id": task_id if running else None,
@@ -96,9 +100,13 @@ def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     if not node.host_key:
         messages.error(request, f"Trust {node.name}'s host key first: nothing runs on it before.")
         return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
-    record("node.discover", actor=request.user, obj=node, request=request)
     task_id = str(uuid.uuid4())
-    transaction.on_commit(lambda: discover_node.apply_async((node.pk,), task_id=task_id))
+    try:
+        discover_node.apply_async((node.pk,), task_id=task_id)
+    except OperationalError:
+        messages.error(request, "The task queue (Redis) does not answer; discovery did not start.")
+        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    record("node.discover", actor=request.user, obj=node, request=request)
     if request.htmx:
         node = Node.objects.prefetch_related("gpus").get(pk=pk)
         context = {"node": node, "task_id": task_id}
@@ -135,8 +143,12 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.error(request, exc.message)
     else:
         # The first thing anyone wants after trusting a node is to see it: discover it now.
-        transaction.on_commit(lambda: discover_node.delay(node.pk))
-        messages.success(request, f"Host key of {node.name} trusted; discovering it now.")
+        try:
+            discover_node.delay(node.pk)
+        except OperationalError:
+            messages.success(request, f"Host key of {node.name} trusted.")
+        else:
+            messages.success(request, f"Host key of {node.name} trusted; discovering it now.")
     return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
 
 
@@ -144,7 +156,11 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 @role_required(Role.ADMIN)
 def node_maintenance(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     node = get_object_or_404(Node, pk=pk)
-    set_maintenance(node, request.POST.get("on") == "1", actor=request.user, request=request)
+    wanted = request.POST.get("on")
+    if wanted not in ("0", "1"):
+        messages.error(request, "Say on=1 (maintenance) or on=0 (back in service).")
+    elif (wanted == "1") != (node.status == "maintenance"):
+        set_maintenance(node, wanted == "1", actor=request.user, request=request)
     return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
 
 
@@ -155,6 +171,7 @@ def credential_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, "nodes/credential_list.html", {"credentials": credentials})
 
 
+@sensitive_variables("data", "form")
 @sensitive_post_parameters("private_key", "passphrase")
 @require_http_methods(["GET", "POST"])
 @role_required(Role.ADMIN)

@@ -51,9 +51,20 @@ def _file_database(settings, tmp_path):
 
 
 INCIDENT_NODE = [
-    "node", "add", "gpu-01", "--host", "10.0.0.5", "--gpus", "8",
-    "--gpu-name", "NVIDIA H200", "--gpu-memory", "96GiB", "--host-ram", "449GB",
-]  # fmt: skip
+    "node",
+    "add",
+    "gpu-01",
+    "--host",
+    "10.0.0.5",
+    "--gpus",
+    "8",
+    "--gpu-name",
+    "NVIDIA H200",
+    "--gpu-memory",
+    "96GiB",
+    "--host-ram",
+    "449GB",
+]
 
 
 def test_add_then_show_json_has_integer_bytes_and_nothing_else_on_stdout(manage):
@@ -232,3 +243,29 @@ def test_key_file_is_stored_encrypted_as_a_credential(manage, tmp_path):
     stored = SshCredential.objects.get()
     assert secret not in bytes(stored.encrypted_private_key).decode(errors="replace")
     assert stored.public_key.startswith("ssh-ed25519 ")
+
+
+def test_passphrase_files_keep_their_spaces(manage, tmp_path):
+    import subprocess
+
+    key = tmp_path / "id_spaced"
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", " pw with spaces ", "-f", str(key)], check=True
+    )
+    (tmp_path / "pass").write_text(" pw with spaces \n")
+    added = manage(
+        "credential",
+        "add",
+        "spaced",
+        "--key-file",
+        str(key),
+        "--passphrase-file",
+        str(tmp_path / "pass"),
+    )
+    assert added.returncode == 0, added.stderr
+
+
+def test_discover_timeout_must_be_positive(manage):
+    manage(*INCIDENT_NODE)
+    result = manage("node", "discover", "gpu-01", "--timeout", "0")
+    assert result.returncode == 1 and "--timeout" in result.stderr

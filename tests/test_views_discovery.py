@@ -51,19 +51,25 @@ def test_viewer_cannot_start_discovery(viewer_client):
 
 
 def test_operator_starts_discovery_and_gets_a_polling_fragment(
-    operator_client, celery_app_for_tests, django_capture_on_commit_callbacks
+    operator_client, celery_app_for_tests
 ):
+    import redis
+
+    from tests.conftest import TEST_REDIS_URL
+
+    queue = redis.Redis.from_url(TEST_REDIS_URL)
+    queue.delete("default")
     node = make_node(
         host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHh4", host_key_fingerprint="SHA256:x"
     )
-    with django_capture_on_commit_callbacks(execute=False) as callbacks:
-        response = operator_client.post(
-            reverse("nodes:node-discover", args=[node.pk]), headers={"HX-Request": "true"}
-        )
+    response = operator_client.post(
+        reverse("nodes:node-discover", args=[node.pk]), headers={"HX-Request": "true"}
+    )
     body = response.content.decode()
     assert response.status_code == 200 and "<html" not in body
     assert 'hx-trigger="every 1s"' in body and "Discovering gpu-01" in body
-    assert len(callbacks) == 1
+    assert queue.llen("default") == 1  # one discovery task waits for a worker
+    queue.delete("default")
     assert AuditEntry.objects.filter(action="node.discover", actor_name="otto").exists()
 
 
@@ -204,3 +210,53 @@ def test_users_and_groups_are_read_only_in_the_admin(admin_user):
     client.force_login(admin_user)
     assert client.get(reverse("admin:auth_user_add")).status_code == 403
     assert client.get(reverse("admin:auth_group_add")).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("fixture", "message"),
+    [
+        ("bad-assert", "not an OpenSSH or PEM private key"),
+        ("bad-index", "not an OpenSSH or PEM private key"),
+        ("rounds4294967295", "more than 1024 rounds"),
+    ],
+)
+def test_damaged_or_hostile_keys_are_refused_quickly(admin_client_, fixture, message):
+    import time
+    from pathlib import Path
+
+    key = (Path(__file__).parent / "fixtures" / "keys" / fixture).read_text()
+    started = time.monotonic()
+    response = admin_client_.post(
+        reverse("nodes:credential-create"), {"name": "k", "private_key": key, "passphrase": "pw"}
+    )
+    assert time.monotonic() - started < 5
+    assert response.status_code == 200 and message in response.content.decode()
+    assert not SshCredential.objects.exists()
+
+
+def test_a_key_stored_under_another_encryption_key_is_a_clear_error(
+    admin_client_, key_pair, settings
+):
+    from cryptography.fernet import Fernet
+
+    from nodes import ssh
+    from nodes.services.credentials import target_for
+
+    admin_client_.post(
+        reverse("nodes:credential-create"), {"name": "k", "private_key": key_pair[0]}
+    )
+    node = make_node(credential=SshCredential.objects.get())
+    settings.RANKWISE_ENCRYPTION_KEY = Fernet.generate_key().decode()
+    with pytest.raises(ssh.RemoteError) as err:
+        target_for(node)
+    assert err.value.kind == "bad_key" and "RANKWISE_ENCRYPTION_KEY" in err.value.message
+
+
+def test_maintenance_needs_a_clear_yes_or_no(admin_client_):
+    node = make_node(status="ready")
+    admin_client_.post(reverse("nodes:node-maintenance", args=[node.pk]), {"on": "true"})
+    node.refresh_from_db()
+    assert node.status == "ready"
+    admin_client_.post(reverse("nodes:node-maintenance", args=[node.pk]), {"on": "0"})
+    node.refresh_from_db()
+    assert node.status == "ready" and not NodeEvent.objects.exists()

@@ -117,9 +117,11 @@ def sglang(python: str) -> tuple[str | None, str | None]:
     try:
         result = subprocess.run(
             [python, "-c", "import sglang, sys; sys.stdout.write(sglang.__version__)"],
-            capture_output=True, text=True, timeout=60,
+            capture_output=True, text=True, timeout=20,
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except subprocess.TimeoutExpired:
+        return None, f"{python}: no answer within 20 s (import sglang hangs?)"
+    except OSError as exc:
         return None, f"{python}: {exc}"
     if result.returncode != 0:
         last = result.stderr.strip().splitlines() or ["exit status " + str(result.returncode)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
+from django.views.decorators.debug import sensitive_variables
 
 from nodes import secrets, ssh
 from nodes.audit import record
@@ -13,6 +14,7 @@ from nodes.models import Node, SshCredential
 Actor = AbstractBaseUser | AnonymousUser
 
 
+@sensitive_variables("private_key", "passphrase")
 def create_credential(
     name: str,
     private_key: str,
@@ -46,6 +48,29 @@ def create_credential(
     return credential
 
 
+def readable(credential: SshCredential) -> bool:
+    """Whether the stored key still decrypts with the current RANKWISE_ENCRYPTION_KEY."""
+    try:
+        secrets.decrypt(credential.encrypted_private_key)
+    except secrets.SecretUnreadable:
+        return False
+    return True
+
+
+@sensitive_variables("private_key", "passphrase")
+def replace_key(
+    credential: SshCredential, private_key: str, passphrase: str | None, *, actor: Actor
+) -> None:
+    """Store the same key again (after RANKWISE_ENCRYPTION_KEY changed); audited."""
+    parsed = ssh.parse_private_key(private_key, passphrase)
+    if parsed.fingerprint != credential.fingerprint:
+        raise ssh.RemoteError("bad_key", "that is a different key", permanent=True)
+    credential.encrypted_private_key = secrets.encrypt(private_key)
+    credential.encrypted_passphrase = secrets.encrypt(passphrase) if passphrase else None
+    credential.save(update_fields=["encrypted_private_key", "encrypted_passphrase"])
+    record("credential.restore", actor=actor, obj=credential, after=credential.audit_snapshot())
+
+
 def delete_credential(
     credential: SshCredential, *, actor: Actor, request: HttpRequest | None = None
 ) -> None:
@@ -63,6 +88,13 @@ def delete_credential(
 def target_for(node: Node) -> ssh.Target:
     """How to reach ``node``, with its key decrypted in memory for this use only."""
     credential = node.credential
+    try:
+        return _target(node, credential)
+    except secrets.SecretUnreadable as exc:
+        raise ssh.RemoteError("bad_key", str(exc), permanent=True) from None
+
+
+def _target(node: Node, credential: SshCredential | None) -> ssh.Target:
     return ssh.Target(
         host=node.host,
         port=node.port,

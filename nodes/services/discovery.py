@@ -7,6 +7,7 @@ timeout, so one dead node cannot delay the others.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -90,12 +91,13 @@ def discover(
 def save_facts(node: Node, facts: NodeFacts) -> None:
     """Store a full probe: GPU rows replaced, facts kept, changes and status turns as events."""
     old = _stored_facts(node)
-    status, reason = node_status(
-        reachable=True,
-        maintenance=node.status == NodeStatus.MAINTENANCE,
-        problems=facts.problems,
-    )
     with transaction.atomic():
+        _refresh_status(node)
+        status, reason = node_status(
+            reachable=True,
+            maintenance=node.status == NodeStatus.MAINTENANCE,
+            problems=facts.problems,
+        )
         node.gpus.all().delete()
         Gpu.objects.bulk_create(
             Gpu(
@@ -129,13 +131,14 @@ def save_live(node: Node, facts: NodeFacts) -> None:
     """Store a heartbeat: GPU memory in use and MemAvailable; the status from what is known."""
     stored = _stored_facts(node)
     lasting = [p for p in (stored.problems if stored else ()) if not p.startswith("GPUs not")]
-    status, reason = node_status(
-        reachable=True,
-        maintenance=node.status == NodeStatus.MAINTENANCE,
-        problems=[*facts.problems, *lasting],
-    )
     by_index = {g.index: g for g in facts.gpus}
     with transaction.atomic():
+        _refresh_status(node)
+        status, reason = node_status(
+            reachable=True,
+            maintenance=node.status == NodeStatus.MAINTENANCE,
+            problems=[*facts.problems, *lasting],
+        )
         rows = list(node.gpus.all())
         for row in rows:
             live = by_index.get(row.index)
@@ -156,15 +159,21 @@ def save_unreachable(node: Node, error: ssh.RemoteError) -> None:
 
     A node whose host key nobody trusted yet is not unreachable: it stays ``unknown``.
     """
-    if node.status == NodeStatus.MAINTENANCE:
-        status = NodeStatus.MAINTENANCE
-    elif error.kind == "host_key_unknown":
-        status = NodeStatus.UNKNOWN
-    else:
-        status = NodeStatus.UNREACHABLE
     with transaction.atomic():
+        _refresh_status(node)
+        if node.status == NodeStatus.MAINTENANCE:
+            status = NodeStatus.MAINTENANCE
+        elif error.kind == "host_key_unknown":
+            status = NodeStatus.UNKNOWN
+        else:
+            status = NodeStatus.UNREACHABLE
         _status_event(node, status, error.message)
         Node.objects.filter(pk=node.pk).update(status=status, status_reason=error.message)
+
+
+def _refresh_status(node: Node) -> None:
+    """Re-read the status under a row lock: an admin may have set maintenance while we probed."""
+    node.status = Node.objects.select_for_update().values_list("status", flat=True).get(pk=node.pk)
 
 
 def _status_event(node: Node, status: str, reason: str) -> None:
@@ -203,7 +212,8 @@ def heartbeat_sweep(timeout: float = HEARTBEAT_TIMEOUT_S) -> list[Outcome]:
             else:
                 error = ssh.RemoteError("timeout", f"no answer within {timeout:g} s")
                 outcomes[node.pk] = Outcome(node.pk, None, error)
-                ssh.pool.drop(target_for(node))
+                with contextlib.suppress(ssh.RemoteError):
+                    ssh.pool.drop(target_for(node))
         # Threads still stuck on a dead link are abandoned, not waited for.
         executor.shutdown(wait=False, cancel_futures=True)
     for node in nodes:

@@ -43,7 +43,7 @@ class Command(OneLineCommand):
             raise CommandError(f"a key named {options['name']!r} exists already")
         text = _read_small(options["key_file"], "--key-file")
         passphrase = (
-            _read_small(options["passphrase_file"], "--passphrase-file").strip()
+            _read_small(options["passphrase_file"], "--passphrase-file").removesuffix("\n")
             if options["passphrase_file"]
             else None
         )

@@ -12,6 +12,8 @@ from typing import Any
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
 
 from controlpanel.celery import app as celery_app
 from nodes import ssh
@@ -22,7 +24,7 @@ from nodes.forms import NodeForm
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.models import Node, SshCredential
 from nodes.services import discovery
-from nodes.services.credentials import create_credential
+from nodes.services.credentials import create_credential, readable, replace_key
 from nodes.services.inventory import save_node
 from nodes.tasks import discover_node
 
@@ -73,7 +75,7 @@ class Command(OneLineCommand):
             "--inline", action="store_true", help="Run here instead of through a Celery worker."
         )
         discover.add_argument("--json", action="store_true", help="Print one JSON document.")
-        discover.add_argument("--timeout", type=float, default=180.0)
+        discover.add_argument("--timeout", type=float, default=180.0, help="Seconds (> 0).")
         add_actor_argument(discover)
 
         for verb, text in (("list", "List nodes."), ("show", "Show one node.")):
@@ -150,7 +152,7 @@ class Command(OneLineCommand):
             return None
         text = _read_small(options["key_file"], "--key-file")
         passphrase = (
-            _read_small(options["passphrase_file"], "--passphrase-file").strip()
+            _read_small(options["passphrase_file"], "--passphrase-file").removesuffix("\n")
             if options["passphrase_file"]
             else None
         )
@@ -160,11 +162,10 @@ class Command(OneLineCommand):
             raise CommandError(f"--key-file: {exc.message}") from None
         existing = SshCredential.objects.filter(fingerprint=parsed.fingerprint).first()
         if existing is not None:
+            if not readable(existing):
+                replace_key(existing, text, passphrase, actor=actor)
             return existing
-        name = f"{options['name']}-key"[:63]
-        if SshCredential.objects.filter(name=name).exists():
-            name = f"{name[:50]}-{parsed.fingerprint[7:15].lower()}"
-        return create_credential(name, text, passphrase, actor=actor)
+        return create_credential(_free_key_name(options["name"]), text, passphrase, actor=actor)
 
     def trust(self, options: dict[str, Any]) -> None:
         actor = resolve_actor(options["actor"], Role.ADMIN)
@@ -195,25 +196,16 @@ class Command(OneLineCommand):
 
     def discover(self, options: dict[str, Any]) -> None:
         actor = resolve_actor(options["actor"], Role.OPERATOR)
+        if options["timeout"] <= 0:
+            raise CommandError("--timeout: give a number of seconds above 0")
         node = Node.objects.filter(name=options["name"]).first()
         if node is None:
             raise CommandError(f"no node named {options['name']!r}")
         self.stderr.write(f"Discovering {node.name} ({node.ssh_user}@{node.host}:{node.port})…")
-        if options["inline"]:
-            try:
-                doc = discovery.discover(node.pk, actor=actor).to_json()
-            except ssh.RemoteError as exc:
-                doc = {"error": exc.message, "kind": exc.kind}
-        else:
-            record("node.discover", actor=actor, obj=node)
-            if not celery_app.control.ping(timeout=1.0):
-                raise CommandError(
-                    "no Celery worker answers: start the panel (./run) or use --inline"
-                )
-            try:
-                doc = discover_node.delay(node.pk).get(timeout=options["timeout"])
-            except CeleryTimeout:
-                raise CommandError(f"no result within {options['timeout']:g} s") from None
+        try:
+            doc = self._discovered(node, actor, options)
+        except CommandError as exc:
+            doc = {"error": str(exc), "kind": "not_run"}
         if options["json"]:
             self.stdout.write(json.dumps({"name": node.name, **doc}, indent=2))
         else:
@@ -221,7 +213,30 @@ class Command(OneLineCommand):
         if "error" in doc:
             if not options["json"]:
                 raise CommandError(f"{node.name}: {doc['error']}")
+            self.stderr.write(f"{node.name}: {doc['error']}")
             raise SystemExit(1)
+
+    def _discovered(self, node: Node, actor: Any, options: dict[str, Any]) -> dict[str, Any]:
+        """The discovery's JSON, run here (``--inline``) or by a worker; errors as JSON too."""
+        if options["inline"]:
+            try:
+                return discovery.discover(node.pk, actor=actor).to_json()
+            except ssh.RemoteError as exc:
+                return {"error": exc.message, "kind": exc.kind}
+        try:
+            if not celery_app.control.ping(timeout=1.0):
+                raise CommandError(
+                    "no Celery worker answers: start the panel (./run) or use --inline"
+                )
+            result = discover_node.delay(node.pk)
+        except (OperationalError, RedisError):
+            raise CommandError("the task queue (Redis) does not answer; try --inline") from None
+        record("node.discover", actor=actor, obj=node)
+        try:
+            doc: dict[str, Any] = result.get(timeout=options["timeout"])
+        except CeleryTimeout:
+            raise CommandError(f"no result within {options['timeout']:g} s") from None
+        return doc
 
     def list(self, options: dict[str, Any]) -> None:
         nodes = Node.objects.prefetch_related("gpus").select_related("credential")
@@ -280,6 +295,16 @@ class Command(OneLineCommand):
         self.stdout.write(f"  SGLang {doc['sglang_version'] or 'not found'}")
         for problem in doc["problems"]:
             self.stdout.write(f"  PROBLEM: {problem}")
+
+
+def _free_key_name(node_name: str) -> str:
+    """``<node>-key``, or ``<node>-key-2``, … : the first free, valid credential name."""
+    base = f"{node_name[:54].rstrip('-._')}-key"
+    for n in range(1, 1000):
+        name = base if n == 1 else f"{base}-{n}"
+        if not SshCredential.objects.filter(name=name).exists():
+            return name
+    raise CommandError("too many stored keys named after this node; use --credential")
 
 
 def _read_small(path: str, flag: str) -> str:
