@@ -1,0 +1,436 @@
+"""The memory budget of a launch profile on a node, per TP rank, with the arithmetic shown.
+
+Sources: shared/reference/sglang.md §1 (flags and units), §2 (host pool: ``--hicache-size`` is
+decimal GB **per rank**; ratio × the rank's device KV bytes; SGLang's 10 GiB host reserve; the
+per-rank check up to 0.5.18 and the split by ranks per host from 0.5.19), §3 (device pool:
+mem-fraction-static × free memory before weights), §9 (validation rules). All sizes are bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from nodes.domain.geometry import ModelGeometry, kv_bytes_per_token, kv_elem_bytes
+from nodes.domain.sglang_flags import ParsedCommand, version_key
+from nodes.domain.units import GB, GiB, format_bytes
+
+SGLANG_HOST_RESERVE_BYTES = 10 * GiB  # §2: available − 10 GiB in every version
+CUDA_CONTEXT_BYTES = GiB  # CUDA context + NCCL buffers, taken before SGLang measures free memory
+DEFAULT_OS_HEADROOM_BYTES = 4 * GiB
+# Pinned (page-locked) memory cannot be reclaimed; a node with 57 % of its RAM pinned was
+# OOM-killed under load (case C01). Above half of RAM we warn.
+PINNED_SHARE_WARN = 0.5
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """A node as the budget sees it. ``gpu_used_bytes`` is what other processes hold now."""
+
+    gpu_memory_bytes: tuple[int, ...]
+    host_ram_bytes: int | None
+    mem_available_bytes: int | None = None
+    cgroup_limit_bytes: int | None = None
+    gpu_used_bytes: tuple[int, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    """``level`` is ``info``, ``warn`` or ``block``; ``code`` a stable identifier."""
+
+    level: str
+    code: str
+    text: str
+
+
+@dataclass
+class BudgetReport:
+    """The verdict (``ok``, ``warn``, ``block``), every line of the arithmetic, and the fix."""
+
+    verdict: str = "ok"
+    lines: list[str] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    ranks_per_node: int | None = None
+    device_kv_tokens_per_rank: int | None = None
+    device_kv_bytes_per_rank: int | None = None
+    host_pool_bytes_per_rank: int | None = None
+    host_pool_bytes_per_node: int | None = None
+    host_budget_bytes: int | None = None
+    suggestion: dict[str, Any] | None = None
+
+    def add(self, level: str, code: str, text: str) -> None:
+        self.messages.append(Message(level, code, text))
+        rank = {"ok": 0, "info": 0, "warn": 1, "block": 2}
+        if rank[level] > rank[self.verdict]:
+            self.verdict = level
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["messages"] = [asdict(m) for m in self.messages]
+        return doc
+
+
+def default_mem_fraction(gpu_bytes: int, tp: int, pp: int) -> float:
+    """SGLang's default mem-fraction-static (§1c, ``server_args.py`` @0.5.2)."""
+    gpu = gpu_bytes / GiB
+    if gpu < 35:
+        reserve = 2.8 + tp * pp / 10
+    elif gpu < 90:
+        reserve = 9.5 + tp * pp / 2
+    elif gpu < 160:
+        reserve = 12 + tp * pp / 2
+    else:
+        reserve = 32
+    return round((gpu - reserve) / gpu, 3)
+
+
+def default_hicache_ratio(version: tuple[int, ...]) -> float:
+    """2.0 in every version (0.5.18+ resolves its ``None`` to 2.0 in ``cache`` mode), §1d."""
+    return 2.0
+
+
+def check(
+    flags: ParsedCommand,
+    node: NodeMemory,
+    *,
+    version: str,
+    geometry: ModelGeometry | None = None,
+    weights_bytes: int | None = None,
+    os_headroom_bytes: int = DEFAULT_OS_HEADROOM_BYTES,
+    request_tokens: int = 4096,
+) -> BudgetReport:
+    """Check a parsed SGLang command against a node; never raises for a bad profile.
+
+    ``version`` is the node's SGLang version; ``geometry`` and ``weights_bytes`` (the checkpoint
+    size) are needed for the device pool and ratio-sized host pools, and are reported as
+    unknown otherwise. Returns a ``BudgetReport``.
+    """
+    report = BudgetReport()
+    vkey = version_key(version)
+    for issue in flags.issues:
+        report.add("block", f"flag_{issue.code}", issue.message)
+    if not flags.values:
+        return report
+    ranks = _ranks(flags, report, vkey)
+    if ranks is None:
+        return report
+    _gpus_and_heads(flags, node, geometry, ranks, report)
+    device = _device_pool(flags, node, geometry, weights_bytes, report, vkey)
+    _host_pool(flags, node, geometry, device, ranks, report, vkey, os_headroom_bytes)
+    _capacity(device, report, request_tokens)
+    return report
+
+
+def _ranks(flags: ParsedCommand, report: BudgetReport, vkey: tuple[int, ...]) -> int | None:
+    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
+    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
+    nnodes = int(flags.get("nnodes", default=1))
+    dp = int(flags.get("dp_size", "data_parallel_size", default=1))
+    if tp < 1 or pp < 1 or nnodes < 1 or dp < 1:
+        report.add("block", "parallelism", "tp, pp, dp and nnodes must be at least 1")
+        return None
+    if (tp * pp) % nnodes:
+        report.add(
+            "block", "parallelism", f"tp × pp = {tp * pp} is not divisible by nnodes {nnodes}"
+        )
+        return None
+    ranks = tp * pp // nnodes
+    report.lines.append(f"Ranks per node: tp {tp} × pp {pp} ÷ nnodes {nnodes} = {ranks}")
+    attention_dp = (
+        bool(flags.get("enable_dp_attention", default=False))
+        or int(flags.get("attn_dp_size", default=1)) > 1
+    )
+    if dp > 1 and not attention_dp:
+        ranks *= dp
+        report.lines.append(f"  × {dp} data-parallel replicas on this node = {ranks} ranks")
+    report.ranks_per_node = ranks
+    return ranks
+
+
+def _gpus_and_heads(
+    flags: ParsedCommand,
+    node: NodeMemory,
+    geometry: ModelGeometry | None,
+    ranks: int,
+    report: BudgetReport,
+) -> None:
+    base = int(flags.get("base_gpu_id", default=0))
+    step = int(flags.get("gpu_id_step", default=1))
+    last = base + (ranks - 1) * step
+    count = len(node.gpu_memory_bytes)
+    report.lines.append(f"GPUs used: {base} … {last} (step {step}); the node has {count}")
+    if last >= count:
+        report.add(
+            "block",
+            "too_many_ranks",
+            f"{ranks} ranks need GPU indexes up to {last}, but the node has {count} GPUs",
+        )
+    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
+    if geometry is None:
+        return
+    if geometry.attention_heads is not None and geometry.attention_heads % tp:
+        report.add(
+            "block",
+            "tp_heads",
+            f"tp {tp} does not divide the model's {geometry.attention_heads} attention heads",
+        )
+    if not geometry.is_mla and geometry.kv_heads % tp and tp % geometry.kv_heads:
+        report.add(
+            "block",
+            "tp_kv_heads",
+            f"tp {tp} and the model's {geometry.kv_heads} KV heads do not divide each other",
+        )
+
+
+@dataclass(frozen=True)
+class _Device:
+    tokens: int | None
+    kv_bytes: int | None
+    cell: int | None
+
+
+def _device_pool(
+    flags: ParsedCommand,
+    node: NodeMemory,
+    geometry: ModelGeometry | None,
+    weights_bytes: int | None,
+    report: BudgetReport,
+    vkey: tuple[int, ...],
+) -> _Device:
+    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
+    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
+    dtype = str(flags.get("kv_cache_dtype", default="auto"))
+    cell = None
+    if geometry is not None:
+        cell = kv_bytes_per_token(geometry, tp, pp, kv_elem_bytes(dtype, geometry.torch_dtype))
+        kind = (
+            "MLA latent, replicated on every rank"
+            if geometry.is_mla
+            else "K and V heads of this rank"
+        )
+        report.lines.append(
+            f"KV bytes per token per rank: {cell:,} ({kind}, kv-cache-dtype {dtype})"
+        )
+    if not node.gpu_memory_bytes or geometry is None or weights_bytes is None or cell is None:
+        report.add(
+            "info",
+            "device_unknown",
+            "Device pool not estimated: the model's config.json and checkpoint size are needed",
+        )
+        return _Device(None, None, cell)
+    total = min(node.gpu_memory_bytes)
+    used = max(node.gpu_used_bytes) if node.gpu_used_bytes else 0
+    pre = total - used - CUDA_CONTEXT_BYTES
+    mfs = flags.get("mem_fraction_static")
+    mfs = float(mfs) if mfs is not None else default_mem_fraction(total, tp, pp)
+    weights = weights_bytes // (tp * pp)
+    static = pre * mfs
+    rest = int(static - weights)
+    report.lines.append(
+        f"Free GPU memory before weights: {format_bytes(total)} − {format_bytes(used)} used "
+        f"− {format_bytes(CUDA_CONTEXT_BYTES)} CUDA context = {format_bytes(pre, places=2)}"
+    )
+    report.lines.append(
+        f"Static pool: {format_bytes(pre, places=2)} × mem-fraction-static {mfs} = "
+        f"{format_bytes(int(static), places=2)}; weights per rank "
+        f"{format_bytes(weights_bytes, 'GB')} ÷ {tp * pp} = {format_bytes(weights, places=2)}"
+    )
+    if rest <= 0:
+        needed = min(0.99, round(weights / pre + 0.05, 2))
+        report.add(
+            "block",
+            "no_kv_room",
+            f"The weights ({format_bytes(weights, places=2)} per rank) fill the static pool "
+            f"({format_bytes(int(static), places=2)}): no room for the KV cache. Raise "
+            f"--mem-fraction-static to about {needed}, or spread the model over more GPUs.",
+        )
+        report.suggestion = {"--mem-fraction-static": needed}
+        return _Device(0, 0, cell)
+    tokens = rest // cell
+    cap = flags.get("max_total_tokens")
+    if cap is not None and int(cap) < tokens:
+        tokens = int(cap)
+    kv = tokens * cell
+    report.device_kv_tokens_per_rank = tokens
+    report.device_kv_bytes_per_rank = kv
+    report.lines.append(
+        f"Device KV pool per rank: {format_bytes(rest, places=2)} ÷ {cell:,} B = {tokens:,} tokens "
+        f"({format_bytes(kv, places=2)})"
+    )
+    headroom = int(pre * (1 - mfs))
+    reference = int((1 - default_mem_fraction(total, tp, pp)) * total)
+    report.lines.append(
+        f"Headroom for activations and CUDA graphs: {format_bytes(headroom, places=2)} "
+        f"(SGLang's default leaves {format_bytes(reference, places=2)} on this GPU)"
+    )
+    if headroom < reference // 2:
+        report.add(
+            "warn",
+            "low_headroom",
+            f"Only {format_bytes(headroom, places=2)} per GPU is left for activations and CUDA "
+            f"graphs (SGLang's default keeps {format_bytes(reference, places=2)}): CUDA-graph "
+            "capture or the first large batch may run out of GPU memory.",
+        )
+    return _Device(tokens, kv, cell)
+
+
+def _host_pool(
+    flags: ParsedCommand,
+    node: NodeMemory,
+    geometry: ModelGeometry | None,
+    device: _Device,
+    ranks: int,
+    report: BudgetReport,
+    vkey: tuple[int, ...],
+    os_headroom: int,
+) -> None:
+    offload = int(flags.get("cpu_offload_gb", default=0) or 0) * GB
+    if not flags.get("enable_hierarchical_cache", default=False) and not offload:
+        report.lines.append("No hierarchical cache: no host pool")
+        return
+    size_gb = int(flags.get("hicache_size", default=0) or 0)
+    ratio_given = "hicache_ratio" in flags.given
+    per_rank: int | None = None
+    host_tokens = None
+    if flags.get("enable_hierarchical_cache", default=False):
+        if size_gb > 0:
+            if device.cell:
+                host_tokens = size_gb * GB // device.cell + (0 if vkey <= (0, 5, 5) else 1)
+                per_rank = host_tokens * device.cell
+            else:
+                per_rank = size_gb * GB
+            report.lines.append(
+                f"Host pool per rank: --hicache-size {size_gb} = {size_gb} GB (10^9 bytes) per "
+                f"rank → {format_bytes(per_rank, 'GB', places=2)}"
+            )
+        elif vkey >= (0, 5, 21) and not ratio_given:
+            report.add(
+                "info",
+                "hicache_autosize",
+                "SGLang 0.5.21+ sizes the host pool itself when neither --hicache-size nor "
+                "--hicache-ratio is given: 0.8 × (available − 10 GiB) ÷ ranks on the node, at most "
+                "ratio 2.0.",
+            )
+            per_rank = 0
+        else:
+            ratio = float(flags.get("hicache_ratio") or default_hicache_ratio(vkey))
+            if device.kv_bytes is None or device.tokens is None:
+                report.add(
+                    "warn",
+                    "host_unknown",
+                    f"--hicache-ratio {ratio} sizes the host pool from the device pool, which is "
+                    "unknown without the model's geometry: the host footprint cannot be checked",
+                )
+                return
+            host_tokens = int(device.tokens * ratio)
+            per_rank = int(device.kv_bytes * ratio)
+            device_gb = format_bytes(device.kv_bytes, "GB", places=2)
+            report.lines.append(
+                f"Host pool per rank: ratio {ratio} × {device_gb} device KV = "
+                f"{format_bytes(per_rank, 'GB', places=2)}"
+            )
+        if (
+            vkey <= (0, 5, 12)
+            and host_tokens is not None
+            and device.tokens
+            and host_tokens <= device.tokens
+        ):
+            report.add(
+                "block",
+                "host_not_larger",
+                f"SGLang {'.'.join(map(str, vkey))} requires the host pool to hold more tokens "
+                f"than the device pool ({host_tokens:,} ≤ {device.tokens:,}); it asserts at start",
+            )
+    per_rank = (per_rank or 0) + offload
+    if offload:
+        report.lines.append(f"  + --cpu-offload-gb: {format_bytes(offload, 'GB')} per rank")
+    per_node = per_rank * ranks
+    report.host_pool_bytes_per_rank = per_rank
+    report.host_pool_bytes_per_node = per_node
+    report.lines.append(
+        f"Host pools on the node: {format_bytes(per_rank, 'GB', places=2)} × {ranks} ranks = "
+        f"{format_bytes(per_node, 'GB', places=2)} pinned"
+    )
+    budget = _host_budget(node, os_headroom, report)
+    if budget is None:
+        report.add("warn", "host_ram_unknown", "Host RAM unknown: discover the node to check")
+        return
+    if per_node > budget:
+        _host_block(flags, report, ranks, per_rank, per_node, budget, size_gb, offload, node)
+    elif node.host_ram_bytes and per_node > PINNED_SHARE_WARN * node.host_ram_bytes:
+        share = per_node / node.host_ram_bytes
+        report.add(
+            "warn",
+            "pinned_share",
+            f"{share:.0%} of host RAM would be pinned; pinned memory cannot be reclaimed, and "
+            "growth under load has OOM-killed servers that fitted at start",
+        )
+    if flags.get("enable_hierarchical_cache", default=False) and ranks > 1 and vkey <= (0, 5, 18):
+        report.add(
+            "warn",
+            "per_rank_check",
+            f"SGLang {'.'.join(map(str, vkey))} checks host memory in each rank alone: its own "
+            "check does not protect this node from the total above",
+        )
+
+
+def _host_budget(node: NodeMemory, os_headroom: int, report: BudgetReport) -> int | None:
+    figures = []
+    if node.host_ram_bytes:
+        figures.append(("host RAM − OS headroom", node.host_ram_bytes - os_headroom))
+    if node.mem_available_bytes is not None:
+        figures.append(("MemAvailable now", node.mem_available_bytes))
+    if node.cgroup_limit_bytes is not None:
+        figures.append(("cgroup limit", node.cgroup_limit_bytes))
+    if not figures:
+        return None
+    label, low = min(figures, key=lambda f: f[1])
+    budget = max(0, low - SGLANG_HOST_RESERVE_BYTES)
+    shown = ", ".join(f"{name} {format_bytes(v, 'GB', places=2)}" for name, v in figures)
+    total = format_bytes(budget, "GB", places=2)
+    report.lines.append(f"Host budget: min({shown}) − SGLang's 10 GiB reserve = {total}")
+    report.host_budget_bytes = budget
+    return budget
+
+
+def _host_block(
+    flags: ParsedCommand,
+    report: BudgetReport,
+    ranks: int,
+    per_rank: int,
+    per_node: int,
+    budget: int,
+    size_gb: int,
+    offload: int,
+    node: NodeMemory,
+) -> None:
+    ram = f" of a {format_bytes(node.host_ram_bytes, 'GB')} node" if node.host_ram_bytes else ""
+    report.add(
+        "block",
+        "host_oom",
+        f"{ranks} × {format_bytes(per_rank, 'GB', places=2)} = "
+        f"{format_bytes(per_node, 'GB', places=2)} of pinned host memory against a budget of "
+        f"{format_bytes(budget, 'GB', places=2)}{ram}: the ranks together would exhaust the "
+        "node and the kernel would OOM-kill them",
+    )
+    largest = max(0, (budget // ranks - offload) // GB)
+    suggestion: dict[str, Any] = {"--hicache-size": largest}
+    text = f"The largest --hicache-size that fits is {largest} (GB per rank)."
+    if size_gb:
+        meant = size_gb // ranks
+        if meant <= largest:
+            suggestion = {"--hicache-size": meant}
+            text = (
+                f"If {size_gb} GB was meant for the whole node, that is --hicache-size {meant} per "
+                f"rank ({size_gb} GB ÷ {ranks} ranks). " + text
+            )
+    report.add("info", "host_fix", text)
+    report.suggestion = suggestion
+
+
+def _capacity(device: _Device, report: BudgetReport, request_tokens: int) -> None:
+    if device.tokens:
+        report.lines.append(
+            f"Capacity: {device.tokens:,} tokens in the device pool per replica ≈ "
+            f"{device.tokens // request_tokens:,} concurrent requests of {request_tokens:,} tokens"
+        )

@@ -1,0 +1,20 @@
+"""SGLang flag tables shipped with Rankwise (package data), read once per process."""
+
+from __future__ import annotations
+
+from functools import cache
+from pathlib import Path
+
+from nodes.domain.sglang_flags import FlagTable, parse_table, table_for
+
+TABLE_FILE = Path(__file__).resolve().parent / "data" / "sglang-flags-by-version.tsv"
+
+
+@cache
+def _tables() -> dict[str, FlagTable]:
+    return parse_table(TABLE_FILE.read_text())
+
+
+def table(version: str) -> FlagTable:
+    """The flag table that applies to SGLang ``version`` (the newest not newer than it)."""
+    return _tables()[table_for(version)]

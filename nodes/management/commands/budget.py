@@ -1,0 +1,107 @@
+"""``manage.py budget --node NODE.json [...] --json -- python3 -m sglang.launch_server FLAGS``.
+
+Checks a launch command against a node's memory, per TP rank, without touching any node.
+Exit 0 for ``ok``/``warn``, 1 for ``block`` (with the report), 2 when the budget command itself
+is unusable (missing file, unreadable JSON), with a one-line reason on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from nodes.domain.budget import NodeMemory, check
+from nodes.domain.geometry import GeometryError, from_config
+from nodes.domain.sglang_flags import parse_command, split_command
+from nodes.flag_tables import table
+from nodes.management.cli import OneLineCommand
+
+DEFAULT_VERSION = "0.5.9"
+
+
+class Command(OneLineCommand):
+    help = "Check an SGLang launch command against a node's GPU and host memory."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--node", required=True, help="NODE.json: name, host_ram_bytes, gpus")
+        parser.add_argument("--model-config", help="The model's config.json")
+        parser.add_argument("--weights-bytes", type=int, help="Checkpoint size in bytes")
+        parser.add_argument("--available-bytes", type=int, help="MemAvailable now, in bytes")
+        parser.add_argument("--sglang-version", help=f"Default: the node's, else {DEFAULT_VERSION}")
+        parser.add_argument("--json", action="store_true", help="Print one JSON document")
+        parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python3 -m sglang…")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        node_doc = _read_json(options["node"], "--node")
+        config = (
+            _read_json(options["model_config"], "--model-config")
+            if options["model_config"]
+            else None
+        )
+        command = [w for w in options["command"] if w != "--"] if options["command"] else []
+        if not command:
+            raise CommandError("give the launch command after --", returncode=2)
+        try:
+            memory = NodeMemory(
+                gpu_memory_bytes=tuple(
+                    int(g["memory_total_bytes"]) for g in node_doc.get("gpus", [])
+                ),
+                host_ram_bytes=_int_or_none(node_doc.get("host_ram_bytes")),
+                mem_available_bytes=options["available_bytes"]
+                if options["available_bytes"] is not None
+                else _int_or_none(node_doc.get("mem_available_bytes")),
+                cgroup_limit_bytes=_int_or_none(node_doc.get("cgroup_limit_bytes")),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise CommandError(
+                '--node: expected {"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int}]}',
+                returncode=2,
+            ) from None
+        version = options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
+        try:
+            argv, _env = split_command(command)
+        except ValueError as exc:
+            raise CommandError(f"the launch command cannot be split: {exc}", returncode=2) from None
+        flags = parse_command(argv, table(str(version)))
+        geometry = None
+        if config is not None:
+            try:
+                geometry = from_config(config)
+            except GeometryError as exc:
+                raise CommandError(f"--model-config: {exc}", returncode=2) from None
+        report = check(
+            flags,
+            memory,
+            version=str(version),
+            geometry=geometry,
+            weights_bytes=options["weights_bytes"],
+        )
+        if options["json"]:
+            doc = report.to_json()
+            doc["sglang_version"] = str(version)
+            self.stdout.write(json.dumps(doc, indent=2))
+        else:
+            self.stdout.write(f"Verdict: {report.verdict.upper()} (SGLang {version})")
+            for line in report.lines:
+                self.stdout.write(f"  {line}")
+            for message in report.messages:
+                self.stdout.write(f"  [{message.level}] {message.text}")
+        if report.verdict == "block":
+            raise SystemExit(1)
+
+
+def _read_json(path: str, flag: str) -> Any:
+    try:
+        return json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CommandError(f"{flag}: cannot read {path}: {exc.strerror}", returncode=2) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CommandError(f"{flag}: {path} is not JSON ({exc})", returncode=2) from None
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None else int(value)

@@ -1,0 +1,237 @@
+"""The memory budget engine: the incident, its fix, the failure cases, versions, geometry."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodes.domain.budget import NodeMemory, check
+from nodes.domain.geometry import from_config, kv_bytes_per_token
+from nodes.domain.sglang_flags import parse_command, split_command, table_for
+from nodes.flag_tables import table
+
+GB, GiB = 10**9, 2**30
+CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
+KIMI = {
+    "num_hidden_layers": 61,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "hidden_size": 7168,
+    "kv_lora_rank": 512,
+    "qk_rope_head_dim": 64,
+}
+LLAMA_70B = {
+    "num_hidden_layers": 80,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "hidden_size": 8192,
+    "head_dim": 128,
+}
+INCIDENT = (
+    "python3 -m sglang.launch_server --model-path /m --tp-size 8 --mem-fraction-static 0.93 "
+    "--enable-hierarchical-cache --hicache-size 300"
+)
+NODE = NodeMemory((96 * GiB,) * 8, 449 * GB, mem_available_bytes=408 * GB)
+
+
+def run(command: str, node: NodeMemory = NODE, version: str = "0.5.9", **kwargs: Any):
+    argv, _ = split_command(command)
+    return check(parse_command(argv, table(version)), node, version=version, **kwargs)
+
+
+def codes(report) -> set[str]:
+    return {m.code for m in report.messages}
+
+
+def text(report) -> str:
+    return "\n".join([*report.lines, *(m.text for m in report.messages)])
+
+
+def test_the_incident_is_blocked_with_the_arithmetic_and_both_fixes():
+    report = run(INCIDENT, geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert report.verdict == "block" and "host_oom" in codes(report)
+    assert report.ranks_per_node == 8
+    assert report.host_pool_bytes_per_rank == 300 * GB // 70_272 * 70_272 + 70_272
+    assert "8 × 300 GB = 2400 GB of pinned host memory" in text(report)
+    assert "449 GB node" in text(report)
+    assert "--hicache-size 37 per rank (300 GB ÷ 8 ranks)" in text(report)
+    assert "The largest --hicache-size that fits is 49" in text(report)
+    assert report.suggestion == {"--hicache-size": 37}
+
+
+def test_the_corrected_incident_passes():
+    report = run(INCIDENT.replace("300", "37"), geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert report.verdict in ("ok", "warn") and "host_oom" not in codes(report)
+    assert report.host_pool_bytes_per_node < report.host_budget_bytes
+
+
+def test_without_geometry_the_size_path_still_judges_the_host():
+    report = run(INCIDENT)
+    assert report.verdict == "block" and report.device_kv_tokens_per_rank is None
+
+
+@pytest.mark.parametrize(
+    ("case", "verdict", "code"),
+    [
+        ("S01", "block", "host_oom"),  # the incident as a case bundle
+        ("C05", "block", "host_oom"),  # one rank: 40 GB vs 44.87 GB free − 10 GiB
+        ("C02", "warn", "pinned_share"),  # 4 × 150 GB = 600 GB of 754 GB pinned
+        ("C01", "warn", "host_unknown"),  # ratio path, but no RAM or geometry in the facts
+        ("C04", "warn", "host_unknown"),  # no GPU sizes or weights: cannot judge the host pool
+    ],
+)
+def test_case_bundles(case, verdict, code):
+    facts = json.loads((CASES / case / "facts.json").read_text())
+    node = facts["node"]
+    snapshot: dict[str, int] = next(
+        (s["meminfo"] for s in facts.get("snapshots", []) if s.get("meminfo")), {}
+    )
+    memory = NodeMemory(
+        tuple(g["memory_total_bytes"] for g in node.get("gpus") or [] if g["memory_total_bytes"])
+        or (80 * GiB,) * 8,
+        node.get("host_ram_bytes"),
+        mem_available_bytes=snapshot.get("MemAvailable"),
+    )
+    config = facts.get("model_config")
+    geometry = from_config(config) if config else None
+    report = run(
+        " ".join(facts["command"]),
+        memory,
+        facts.get("engine_version") or "0.5.9",
+        geometry=geometry,
+        weights_bytes=facts.get("model_weights_bytes"),
+    )
+    assert report.verdict == verdict, text(report)
+    assert code in codes(report)
+
+
+def test_c05_states_the_shortfall():
+    facts = json.loads((CASES / "C05" / "facts.json").read_text())
+    memory = NodeMemory((80 * GiB,), 64 * GB, mem_available_bytes=44_870_000_000)
+    report = run(" ".join(facts["command"]), memory)
+    assert "1 × 40 GB = 40 GB of pinned host memory against a budget of 34.13 GB" in text(report)
+
+
+@pytest.mark.parametrize(
+    ("config", "tp", "pp", "dtype", "expected"),
+    [
+        (KIMI, 8, 1, "auto", 70_272),  # MLA: the same on every rank
+        (KIMI, 1, 1, "auto", 70_272),
+        (LLAMA_70B, 8, 1, "auto", 40_960),  # GQA: sharded by KV heads
+        (LLAMA_70B, 16, 1, "auto", 40_960),  # TP > KV heads: heads replicated
+        (LLAMA_70B, 8, 2, "auto", 20_480),  # pp splits the layers
+        (LLAMA_70B, 8, 1, "fp8_e4m3", 20_480),  # fp8 KV halves it
+    ],
+)
+def test_kv_bytes_per_token(config, tp, pp, dtype, expected):
+    from nodes.domain.geometry import kv_elem_bytes
+
+    geometry = from_config(config)
+    assert kv_bytes_per_token(geometry, tp, pp, kv_elem_bytes(dtype)) == expected
+
+
+def test_ratio_path_uses_the_default_ratio_and_the_device_pool():
+    report = run(
+        "--model-path /m --tp-size 8 --enable-hierarchical-cache",
+        geometry=from_config(LLAMA_70B),
+        weights_bytes=141 * GB,
+    )
+    assert report.host_pool_bytes_per_rank == 2 * report.device_kv_bytes_per_rank
+    assert "ratio 2.0" in text(report)
+
+
+def test_non_integer_hicache_size_is_refused_as_sglang_refuses_it():
+    report = run(INCIDENT.replace("300", "37.5"))
+    assert report.verdict == "block"
+    assert "argument --hicache-size: invalid int value: '37.5'" in text(report)
+
+
+@pytest.mark.parametrize(
+    ("version", "flag", "expected"),
+    [
+        ("0.5.23", "--cuda-graph-max-bs 64", "ambiguous option: --cuda-graph-max-bs could match"),
+        ("0.5.23", "--disable-hicache-numa-detect", "use nothing (removed)"),
+        ("0.5.9", "--enable-ep-moe", "use --ep-size"),
+        ("0.5.9", "--no-such-flag 1", "--no-such-flag is not a flag of SGLang 0.5.9"),
+    ],
+)
+def test_flags_unknown_or_renamed_for_the_version(version, flag, expected):
+    report = run(f"--model-path /m {flag}", version=version)
+    assert report.verdict == "block" and expected in text(report)
+
+
+def test_abbreviations_resolve_as_sglang_resolves_them():
+    argv, _ = split_command("--model-path /m --tp 8")
+    parsed = parse_command(argv, table("0.5.9"))
+    assert parsed.get("tp_size", "tensor_parallel_size") == 8 and not parsed.issues
+
+
+def test_table_for_picks_the_newest_not_newer():
+    assert table_for("0.5.19") == "0.5.9" and table_for("0.5.23") == "0.5.23"
+    assert table_for("0.4.0") == "0.4.10.post2" and table_for("0.6.0") == "0.5.23"
+
+
+@pytest.mark.parametrize(
+    ("command", "code"),
+    [
+        ("--model-path /m --tp-size 16", "too_many_ranks"),
+        ("--model-path /m --tp-size 3", "tp_heads"),
+        ("--model-path /m --enable-hierarchical-cache --disable-radix-cache", "flag_invalid"),
+        ("--model-path /m --tp-size 8 --mem-fraction-static 0.6", "no_kv_room"),
+    ],
+)
+def test_profiles_the_node_cannot_run_are_blocked(command, code):
+    report = run(command, geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert report.verdict == "block" and code in codes(report)
+
+
+def test_old_versions_need_a_host_pool_larger_than_the_device_pool():
+    report = run(
+        "--model-path /m --tp-size 8 --enable-hierarchical-cache --hicache-size 5",
+        geometry=from_config(KIMI),
+        weights_bytes=544 * GB,
+    )
+    assert "host_not_larger" in codes(report)
+    newer = run(
+        "--model-path /m --tp-size 8 --enable-hierarchical-cache --hicache-size 5",
+        version="0.5.23",
+        geometry=from_config(KIMI),
+        weights_bytes=544 * GB,
+    )
+    assert "host_not_larger" not in codes(newer) and "per_rank_check" not in codes(newer)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    tp=st.sampled_from([1, 2, 4, 8]),
+    size=st.integers(min_value=1, max_value=400),
+    ram_gb=st.integers(min_value=16, max_value=4000),
+)
+def test_never_ok_when_the_node_total_exceeds_host_ram(tp, size, ram_gb):
+    node = NodeMemory((96 * GiB,) * 8, ram_gb * GB)
+    report = run(
+        f"--model-path /m --tp-size {tp} --enable-hierarchical-cache --hicache-size {size}", node
+    )
+    if tp * size * GB > ram_gb * GB:
+        assert report.verdict == "block"
+
+
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(min_value=1, max_value=200), ratio=st.floats(min_value=1.1, max_value=4))
+def test_node_total_is_monotone_in_tp_size_and_ratio(size, ratio):
+    def total(tp: int, command: str) -> int:
+        report = run(
+            f"--model-path /m --tp-size {tp} --enable-hierarchical-cache {command}",
+            geometry=from_config(LLAMA_70B),
+            weights_bytes=141 * GB,
+        )
+        return report.host_pool_bytes_per_node or 0
+
+    assert total(2, f"--hicache-size {size}") <= total(4, f"--hicache-size {size}")
+    assert total(8, f"--hicache-size {size}") <= total(8, f"--hicache-size {size + 1}")
+    assert total(8, f"--hicache-ratio {ratio}") <= total(8, f"--hicache-ratio {ratio + 0.5}")
