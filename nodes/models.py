@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import shlex
+
 from django.conf import settings
 from django.db import models
 
 from nodes.choices import NodeStatus
 from nodes.domain.inventory import GpuSpec, gpu_summary
+from nodes.domain.redact import redact_args, redact_env
 
 
 class SshCredential(models.Model):
@@ -170,3 +173,52 @@ class AuditEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.object_repr}"
+
+
+class LaunchProfile(models.Model):
+    """A named SGLang launch configuration; its content lives in immutable revisions."""
+
+    name = models.CharField(max_length=63, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    created_by = models.CharField(max_length=150)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def latest(self) -> ProfileRevision | None:
+        return self.revisions.order_by("-number").first()
+
+
+class ProfileRevision(models.Model):
+    """One saved version of a profile: the exact flags and environment, never edited."""
+
+    profile = models.ForeignKey(LaunchProfile, on_delete=models.CASCADE, related_name="revisions")
+    number = models.PositiveIntegerField()
+    args = models.JSONField(help_text="The flags after `python3 -m sglang.launch_server`.")
+    env = models.JSONField(default=dict, blank=True)
+    message = models.TextField(blank=True)
+    author = models.CharField(max_length=150)
+    created = models.DateTimeField(auto_now_add=True)
+    # What it was checked against when saved.
+    node = models.ForeignKey(Node, null=True, blank=True, on_delete=models.SET_NULL)
+    sglang_version = models.CharField(max_length=32, blank=True)
+    verdict = models.CharField(max_length=8)
+    report = models.JSONField()
+    geometry_source = models.CharField(max_length=200, blank=True)
+
+    class Meta:
+        ordering = ["profile", "-number"]
+        constraints = [
+            models.UniqueConstraint(fields=["profile", "number"], name="revision_number_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.profile.name}@{self.number}"
+
+    def command_line(self) -> str:
+        """The command that will run on the node (env first), shell-quoted, secrets masked."""
+        env = [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
+        return shlex.join([*env, "python3", "-m", "sglang.launch_server", *redact_args(self.args)])

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes import views
+from nodes import profile_views, views
 
 app_name = "nodes"
 
@@ -20,5 +20,10 @@ urlpatterns = [
     path("ssh-keys/", views.credential_list, name="credential-list"),
     path("ssh-keys/new/", views.credential_create, name="credential-create"),
     path("ssh-keys/<int:pk>/delete/", views.credential_delete, name="credential-delete"),
+    path("launch-profiles/", profile_views.profile_list, name="profile-list"),
+    path("launch-profiles/new/", profile_views.profile_create, name="profile-create"),
+    path("launch-profiles/check/", profile_views.profile_check, name="profile-check"),
+    path("launch-profiles/<int:pk>/", profile_views.profile_detail, name="profile-detail"),
+    path("launch-profiles/<int:pk>/edit/", profile_views.profile_edit, name="profile-edit"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

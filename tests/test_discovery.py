@@ -132,9 +132,16 @@ def test_heartbeat_sees_gpu_memory_change(sim_fleet):
 
 @pytest.mark.parametrize(
     "hostile",
-    ["; touch /tmp/pwned", "$(touch /tmp/pwned)", "`touch /tmp/pwned`", "python3\ntouch /tmp/pwned",
-     "'; touch /tmp/pwned; '", '"; touch /tmp/pwned; "', "python3 && touch /tmp/pwned"],
-)  # fmt: skip
+    [
+        "; touch /tmp/pwned",
+        "$(touch /tmp/pwned)",
+        "`touch /tmp/pwned`",
+        "python3\ntouch /tmp/pwned",
+        "'; touch /tmp/pwned; '",
+        '"; touch /tmp/pwned; "',
+        "python3 && touch /tmp/pwned",
+    ],
+)
 def test_hostile_values_reach_the_node_as_plain_arguments(sim_fleet, hostile):
     sim = sim_fleet["spare"]
     node = register_sim_node(sim)
@@ -166,15 +173,22 @@ def _cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_add_trusts_the_host_key_and_discover_prints_json(sim_fleet, celery_worker):
     sim = sim_fleet["modern"]
-    added = _cli("node", "add", "modern", "--host", sim.host, "--key-file", sim.key_path,
-                 "--trust-host-key")  # fmt: skip
+    added = _cli(
+        "node", "add", "modern", "--host", sim.host, "--key-file", sim.key_path, "--trust-host-key"
+    )
     assert added.returncode == 0, added.stderr
     assert f"Trusted host key {sim.host_key_fingerprint}" in added.stderr
     inline = _cli("node", "discover", "modern", "--inline", "--json")
     assert inline.returncode == 0, inline.stderr
     doc = json.loads(inline.stdout)
-    assert {"gpus", "host_ram_bytes", "mem_available_bytes", "gpu_source", "sglang_version",
-            "problems"} <= set(doc)  # fmt: skip
+    assert {
+        "gpus",
+        "host_ram_bytes",
+        "mem_available_bytes",
+        "gpu_source",
+        "sglang_version",
+        "problems",
+    } <= set(doc)
     assert doc["sglang_version"] == "0.5.23" and len(doc["gpus"]) == 8
     assert {"index", "name", "memory_total_bytes", "memory_used_bytes"} <= set(doc["gpus"][0])
     assert "Discovering modern" in inline.stderr
@@ -222,3 +236,30 @@ def test_cli_trust_host_key_needs_the_checked_fingerprint(sim_fleet):
     # On the node, the fingerprint an operator checks is the one it presents.
     on_node = sim.ok("ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
     assert on_node == sim.host_key_fingerprint
+
+
+def test_profile_geometry_is_read_from_the_node(sim_fleet):
+    from nodes.services.profiles import evaluate, model_facts
+
+    sim = sim_fleet["incident"]
+    node = register_sim_node(sim)
+    discovery.discover(node.pk)
+    node.refresh_from_db()
+    model = model_facts(node, sim.models["kimi-k2"])
+    assert model.weights_bytes == 544 * 10**9 and model.geometry.is_mla
+    assert model.source == f"read from incident:{sim.models['kimi-k2']}"
+    args = [
+        "--model-path",
+        sim.models["kimi-k2"],
+        "--tp-size",
+        "8",
+        "--mem-fraction-static",
+        "0.93",
+        "--enable-hierarchical-cache",
+        "--hicache-size",
+        "300",
+    ]
+    report = evaluate(args, node, model)
+    assert report.verdict == "block" and report.device_kv_tokens_per_rank > 0
+    missing = model_facts(node, "/srv/models/nope")
+    assert missing.geometry is None and "not read from incident" in missing.source

@@ -158,7 +158,12 @@ def _gpus_and_heads(
     step = int(flags.get("gpu_id_step", default=1))
     last = base + (ranks - 1) * step
     count = len(node.gpu_memory_bytes)
-    report.lines.append(f"GPUs used: {base} … {last} (step {step}); the node has {count}")
+    visible = flags.env.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        shown = [v for v in visible.split(",") if v.strip()]
+        count = min(count, len(shown))
+        report.lines.append(f"CUDA_VISIBLE_DEVICES={visible}: {count} GPUs visible to SGLang")
+    report.lines.append(f"GPUs used: {base} … {last} (step {step}); {count} available")
     if last >= count:
         report.add(
             "block",
@@ -433,4 +438,10 @@ def _capacity(device: _Device, report: BudgetReport, request_tokens: int) -> Non
         report.lines.append(
             f"Capacity: {device.tokens:,} tokens in the device pool per replica ≈ "
             f"{device.tokens // request_tokens:,} concurrent requests of {request_tokens:,} tokens"
+        )
+    if device.cell and report.host_pool_bytes_per_rank:
+        host_tokens = report.host_pool_bytes_per_rank // device.cell
+        report.lines.append(
+            f"  host pool: {host_tokens:,} more tokens per replica ≈ "
+            f"{host_tokens // request_tokens:,} requests' worth of cached prefixes"
         )

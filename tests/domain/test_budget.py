@@ -40,8 +40,10 @@ NODE = NodeMemory((96 * GiB,) * 8, 449 * GB, mem_available_bytes=408 * GB)
 
 
 def run(command: str, node: NodeMemory = NODE, version: str = "0.5.9", **kwargs: Any):
-    argv, _ = split_command(command)
-    return check(parse_command(argv, table(version)), node, version=version, **kwargs)
+    argv, env = split_command(command)
+    parsed = parse_command(argv, table(version))
+    parsed.env = env
+    return check(parsed, node, version=version, **kwargs)
 
 
 def codes(report) -> set[str]:
@@ -169,6 +171,13 @@ def test_abbreviations_resolve_as_sglang_resolves_them():
     argv, _ = split_command("--model-path /m --tp 8")
     parsed = parse_command(argv, table("0.5.9"))
     assert parsed.get("tp_size", "tensor_parallel_size") == 8 and not parsed.issues
+
+
+def test_cuda_visible_devices_limits_the_gpus():
+    report = run(
+        "CUDA_VISIBLE_DEVICES=0,1,2,3 python3 -m sglang.launch_server --model-path /m --tp-size 8"
+    )
+    assert report.verdict == "block" and "too_many_ranks" in codes(report)
 
 
 def test_table_for_picks_the_newest_not_newer():

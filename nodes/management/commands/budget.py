@@ -67,6 +67,7 @@ class Command(OneLineCommand):
         except ValueError as exc:
             raise CommandError(f"the launch command cannot be split: {exc}", returncode=2) from None
         flags = parse_command(argv, table(str(version)))
+        flags.env = _env
         geometry = None
         if config is not None:
             try:

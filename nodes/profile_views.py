@@ -1,0 +1,130 @@
+"""Launch-profile pages: list, detail, and the form that checks the budget as you type."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse, HttpResponseBase
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+
+from nodes.choices import Role
+from nodes.models import LaunchProfile
+from nodes.profile_forms import ProfileForm, data_from_command
+from nodes.roles import role_required
+from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.views import HtmxHttpRequest, _redirect
+
+
+@require_GET
+@login_required
+def profile_list(request: HtmxHttpRequest) -> HttpResponse:
+    profiles = LaunchProfile.objects.prefetch_related("revisions")
+    return render(request, "nodes/profile_list.html", {"profiles": profiles})
+
+
+@require_GET
+@login_required
+def profile_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    profile = get_object_or_404(LaunchProfile, pk=pk)
+    revisions = profile.revisions.select_related("node")
+    return render(
+        request, "nodes/profile_detail.html", {"profile": profile, "revisions": revisions}
+    )
+
+
+def _checked(form: ProfileForm) -> dict[str, Any]:
+    """The budget panel's context for a bound, valid form."""
+    node = form.cleaned_data["node"]
+    model = model_facts(node, form.cleaned_data["model_path"], form.cleaned_data["model_config"])
+    report = evaluate(form.args(), node, model, env=form.cleaned_data["env"])
+    return {"report": report, "model": model, "node": node, "args": form.args()}
+
+
+@require_POST
+@login_required
+def profile_check(request: HtmxHttpRequest) -> HttpResponse:
+    """The live budget panel for what the form holds now; it never touches the inputs."""
+    form = ProfileForm(request.POST)
+    context: dict[str, Any] = {"form": form}
+    if form.is_valid():
+        context.update(_checked(form))
+    return render(request, "nodes/profile_form.html#budget-panel", context)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def profile_create(request: HtmxHttpRequest) -> HttpResponseBase:
+    return _profile_form(request, None)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def profile_edit(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    return _profile_form(request, get_object_or_404(LaunchProfile, pk=pk))
+
+
+def _initial(profile: LaunchProfile | None) -> dict[str, Any]:
+    latest = profile.latest() if profile else None
+    if latest is None:
+        return {"name": profile.name if profile else ""}
+    import shlex
+
+    env = "".join(f"{k}={v} " for k, v in latest.env.items())
+    data, _ = data_from_command(
+        f"{env}python3 -m sglang.launch_server {shlex.join(latest.args)}",
+        {"name": profile.name if profile else ""},
+    )
+    data["node"] = latest.node_id
+    return data
+
+
+def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> HttpResponseBase:
+    context: dict[str, Any] = {"profile": profile}
+    if request.method == "GET":
+        form = ProfileForm(initial=_initial(profile))
+        return render(request, "nodes/profile_form.html", {**context, "form": form})
+    data = request.POST.copy()
+    if profile is not None:
+        data["name"] = profile.name
+    if request.POST.get("action") == "load":
+        loaded, error = data_from_command(request.POST.get("pasted_command", ""), data.dict())
+        form = ProfileForm(loaded)
+        if error:
+            form.add_error("pasted_command", error)
+    else:
+        form = ProfileForm(data)
+    if form.is_valid():
+        context.update(_checked(form))
+        report = context["report"]
+        if request.POST.get("action") == "save":
+            if report.verdict == "block":
+                form.add_error(None, "Blocked: this node cannot run this profile (see the budget).")
+            elif report.verdict == "warn" and not form.cleaned_data["acknowledge"]:
+                form.add_error("acknowledge", "Read the warnings, then tick this box to save.")
+            elif (
+                profile is None
+                and LaunchProfile.objects.filter(name=form.cleaned_data["name"]).exists()
+            ):
+                form.add_error(
+                    "name", "A profile with this name exists; edit it to add a revision."
+                )
+            else:
+                revision = save_revision(
+                    profile_name=form.cleaned_data["name"],
+                    args=form.args(),
+                    env=form.cleaned_data["env"],
+                    message=form.cleaned_data["message"],
+                    node=form.cleaned_data["node"],
+                    report=report,
+                    model=context["model"],
+                    actor=request.user,
+                )
+                messages.success(request, f"Saved {revision}.")
+                return _redirect(
+                    request, reverse("nodes:profile-detail", args=[revision.profile_id])
+                )
+    return render(request, "nodes/profile_form.html", {**context, "form": form})

@@ -1,0 +1,164 @@
+"""Launch profiles in the panel: blocked profiles are not saved, warnings need acknowledging."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from nodes.domain.units import GB, GiB
+from nodes.models import AuditEntry, LaunchProfile, ProfileRevision
+from tests.factories import make_node
+
+pytestmark = pytest.mark.django_db
+INCIDENT = (
+    "python3 -m sglang.launch_server --model-path /models/kimi --tp-size 8 "
+    "--mem-fraction-static 0.93 --enable-hierarchical-cache --hicache-size 300 --trust-remote-code"
+)
+
+
+@pytest.fixture
+def node():
+    return make_node(
+        "gpu-01", host_ram_bytes=449 * GB, mem_available_bytes=408 * GB, sglang_version="0.5.9"
+    )
+
+
+def form_data(node: Any, **overrides: str) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "kimi-tp8",
+        "node": node.pk,
+        "model_path": "/models/kimi",
+        "tp_size": "8",
+        "pp_size": "1",
+        "dp_size": "1",
+        "mem_fraction_static": "0.93",
+        "kv_cache_dtype": "auto",
+        "port": "30000",
+        "enable_hicache": "on",
+        "hicache_size": "300",
+        "extra_flags": "",
+        "env": "",
+        "model_config": "",
+        "message": "",
+        "action": "save",
+    }
+    data.update(overrides)
+    return data
+
+
+def test_the_incident_is_blocked_shown_with_the_numbers_and_not_saved(operator_client, node):
+    response = operator_client.post(reverse("nodes:profile-create"), form_data(node))
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert "Blocked: this node cannot run this profile" in body
+    assert "8 × 300 GB = 2400 GB of pinned host memory" in body
+    assert "--hicache-size 37 per rank" in body
+    assert not LaunchProfile.objects.exists() and not ProfileRevision.objects.exists()
+
+
+def test_a_warned_profile_needs_an_acknowledgement_then_saves_revision_1(operator_client, node):
+    data = form_data(node, hicache_size="37")
+    first = operator_client.post(reverse("nodes:profile-create"), data)
+    assert "Read the warnings, then tick this box to save." in first.content.decode()
+    assert not ProfileRevision.objects.exists()
+    saved = operator_client.post(reverse("nodes:profile-create"), {**data, "acknowledge": "on"})
+    assert saved.status_code == 302
+    revision = ProfileRevision.objects.get()
+    assert revision.number == 1 and revision.verdict == "warn"
+    assert revision.args[:4] == ["--model-path", "/models/kimi", "--tp-size", "8"]
+    assert "--hicache-size" in revision.args and "37" in revision.args
+    assert AuditEntry.objects.filter(action="profile.revision").exists()
+    detail = operator_client.get(saved["Location"]).content.decode()
+    assert "python3 -m sglang.launch_server --model-path /models/kimi --tp-size 8" in detail
+
+
+def test_each_save_is_a_new_immutable_revision(operator_client, node):
+    data = {**form_data(node, hicache_size="37"), "acknowledge": "on"}
+    operator_client.post(reverse("nodes:profile-create"), data)
+    profile = LaunchProfile.objects.get()
+    operator_client.post(
+        reverse("nodes:profile-edit", args=[profile.pk]), {**data, "hicache_size": "30"}
+    )
+    numbers = list(profile.revisions.values_list("number", "args"))
+    assert [n for n, _ in numbers] == [2, 1]
+    assert "30" in numbers[0][1] and "37" in numbers[1][1]
+
+
+def test_an_ok_profile_saves_without_acknowledgement(operator_client):
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23", gpus=8)
+    data = form_data(node, hicache_size="37")
+    response = operator_client.post(reverse("nodes:profile-create"), data)
+    assert response.status_code == 302, response.content.decode()[-2000:]
+    assert ProfileRevision.objects.get().verdict == "ok"
+
+
+def test_pasting_a_command_fills_the_fields(operator_client, node):
+    response = operator_client.post(
+        reverse("nodes:profile-create"),
+        {
+            "name": "kimi",
+            "node": node.pk,
+            "pasted_command": "HF_TOKEN=x " + INCIDENT,
+            "action": "load",
+        },
+    )
+    form = response.context["form"]
+    assert form.data["tp_size"] == "8" and form.data["hicache_size"] == "300"
+    assert form.data["enable_hicache"] == "on" and form.data["extra_flags"] == "--trust-remote-code"
+    assert form.data["env"] == "HF_TOKEN=x"
+    assert "2400 GB" in response.content.decode()
+
+
+def test_the_live_check_returns_only_the_panel_and_keeps_nothing(operator_client, node):
+    response = operator_client.post(
+        reverse("nodes:profile-check"), form_data(node), headers={"HX-Request": "true"}
+    )
+    body = response.content.decode()
+    assert "<html" not in body and 'id="budget-panel"' in body and "BLOCK" in body
+    assert not LaunchProfile.objects.exists()
+
+
+def test_a_pasted_config_gives_the_device_pool(operator_client, node):
+    import json
+
+    from simfleet.models import MODELS
+
+    data = form_data(node, model_config=json.dumps(MODELS["kimi-k2"]["config"]))
+    body = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
+    assert "KV bytes per token per rank: 70,272" in body and "pasted config.json" in body
+
+
+def test_viewers_cannot_create_profiles(viewer_client, node):
+    assert (
+        viewer_client.post(
+            reverse("nodes:profile-create"), form_data(node, hicache_size="37", acknowledge="on")
+        ).status_code
+        == 403
+    )
+    assert not LaunchProfile.objects.exists()
+
+
+def test_secrets_are_masked_in_the_shown_command(operator_client):
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23")
+    data = form_data(node, hicache_size="37", extra_flags="--api-key sk-123", env="HF_TOKEN=hf_abc")
+    operator_client.post(reverse("nodes:profile-create"), data)
+    detail = operator_client.get(
+        reverse("nodes:profile-detail", args=[LaunchProfile.objects.get().pk])
+    )
+    body = detail.content.decode()
+    assert "sk-123" not in body and "hf_abc" not in body
+    assert "--api-key &#x27;****&#x27;" in body and "HF_TOKEN=****" in body
+
+
+def test_gpu_memory_matters(operator_client):
+    node = make_node("small", host_ram_bytes=449 * GB)
+    node.gpus.update(memory_total_bytes=24 * GiB)
+    import json
+
+    from simfleet.models import MODELS
+
+    data = form_data(node, hicache_size="37", model_config=json.dumps(MODELS["kimi-k2"]["config"]))
+    body = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
+    assert "Device pool not estimated" in body  # no checkpoint size without the node
