@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import Any
 
 from django.contrib import messages
@@ -12,6 +13,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nodes.choices import Role
+from nodes.domain.redact import redact_args, redact_env
 from nodes.models import LaunchProfile
 from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import role_required
@@ -40,8 +42,13 @@ def _checked(form: ProfileForm) -> dict[str, Any]:
     """The budget panel's context for a bound, valid form."""
     node = form.cleaned_data["node"]
     model = model_facts(node, form.cleaned_data["model_path"], form.cleaned_data["model_config"])
-    report = evaluate(form.args(), node, model, env=form.cleaned_data["env"])
-    return {"report": report, "model": model, "node": node, "args": form.args()}
+    env = form.cleaned_data["env"]
+    report = evaluate(form.args(), node, model, env=env)
+    shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
+    command = shlex.join(
+        [*shown, "python3", "-m", "sglang.launch_server", *redact_args(form.args())]
+    )
+    return {"report": report, "model": model, "node": node, "command": command}
 
 
 @require_POST

@@ -149,6 +149,8 @@ def test_secrets_are_masked_in_the_shown_command(operator_client):
     )
     body = detail.content.decode()
     assert "sk-123" not in body and "hf_abc" not in body
+    panel = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
+    assert "sk-123" not in panel and "hf_abc" not in panel and "HF_TOKEN=****" in panel
     assert "--api-key &#x27;****&#x27;" in body and "HF_TOKEN=****" in body
 
 
