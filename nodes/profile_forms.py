@@ -43,6 +43,12 @@ STRUCTURED: list[tuple[str, str, str]] = [
     ("hicache_io_backend", "--hicache-io-backend", "value"),
     ("hicache_mem_layout", "--hicache-mem-layout", "value"),
 ]
+CHOICES = {
+    "kv_cache_dtype": {c for c, _ in KV_DTYPES},
+    "hicache_write_policy": {c for c, _ in WRITE_POLICIES},
+    "hicache_io_backend": {c for c, _ in IO_BACKENDS},
+    "hicache_mem_layout": {c for c, _ in MEM_LAYOUTS},
+}
 DEFAULTS = {"tp_size": 1, "pp_size": 1, "dp_size": 1, "kv_cache_dtype": "auto", "port": 30000}
 
 
@@ -76,6 +82,7 @@ class ProfileForm(forms.Form):
         label="Host pool per TP rank (GB, 10^9 bytes)",
         required=False,
         min_value=0,
+        max_value=1_000_000,
         help_text="SGLang's --hicache-size is per rank: 8 ranks × this many GB in all.",
     )
     hicache_ratio = forms.DecimalField(
@@ -168,7 +175,7 @@ def data_from_command(command: str, base: dict[str, Any]) -> tuple[dict[str, Any
     words = list(argv)
     while words:
         word = words.pop(0)
-        flag, _, inline = word.partition("=")
+        flag, sep, inline = word.partition("=")
         flag = aliases.get(flag, flag)
         field = flags.get(flag)
         kind = next((k for f, fl, k in STRUCTURED if fl == flag), None)
@@ -177,8 +184,12 @@ def data_from_command(command: str, base: dict[str, Any]) -> tuple[dict[str, Any
         elif kind == "bool":
             data[field] = "on"
         else:
-            value = inline or (words.pop(0) if words else "")
-            data[field] = value
+            value = inline if sep else (words.pop(0) if words else "")
+            allowed = CHOICES.get(field)
+            if allowed is not None and value not in allowed:
+                extra += [flag, value]  # not offered by the form: keep it as typed
+            else:
+                data[field] = value
     data["extra_flags"] = shlex.join(extra)
     data["env"] = "\n".join(f"{k}={v}" for k, v in env.items())
     data["pasted_command"] = ""

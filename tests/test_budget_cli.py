@@ -118,3 +118,30 @@ def test_an_unusable_command_line_exits_2_with_one_line(files, tmp_path, args, r
     result = budget(*args, "--json", "--", *INCIDENT, "37")
     assert result.returncode == 2 and result.stdout == ""
     assert len(result.stderr.strip().splitlines()) == 1 and reason in result.stderr
+
+
+@pytest.mark.parametrize(
+    "node_text",
+    [
+        '{"host_ram_bytes": Infinity, "gpus": []}',
+        '{"host_ram_bytes": 1e400, "gpus": []}',
+        '{"host_ram_bytes": ' + "9" * 5000 + ', "gpus": []}',
+        "[" * 100000 + "]" * 100000,
+        '{"host_ram_bytes": -5, "gpus": []}',
+        "[]",
+    ],
+)
+def test_unusable_node_files_exit_2(tmp_path, node_text):
+    node = tmp_path / "node.json"
+    node.write_text(node_text)
+    result = budget("--node", str(node), "--json", "--", *INCIDENT, "37")
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and result.stdout == ""
+
+
+def test_an_unusable_config_exits_2(files, tmp_path):
+    node, _ = files
+    config = tmp_path / "c.json"
+    config.write_text("[]")
+    result = budget("--node", str(node), "--model-config", str(config), "--", *INCIDENT, "37")
+    assert result.returncode == 2 and "--model-config" in result.stderr

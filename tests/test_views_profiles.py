@@ -164,3 +164,36 @@ def test_gpu_memory_matters(operator_client):
     data = form_data(node, hicache_size="37", model_config=json.dumps(MODELS["kimi-k2"]["config"]))
     body = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
     assert "Device pool not estimated" in body  # no checkpoint size without the node
+
+
+@pytest.mark.parametrize(
+    "config", ["[]", '"x"', "null", "[" * 100000 + "]" * 100000, '{"num_hidden_layers": 1e999}']
+)
+def test_unusable_pasted_configs_are_reported_not_crashed(operator_client, node, config):
+    response = operator_client.post(
+        reverse("nodes:profile-check"), form_data(node, model_config=config)
+    )
+    assert response.status_code == 200
+    assert "config.json" in response.content.decode()
+
+
+def test_editing_keeps_env_values_and_flags_the_form_does_not_offer(operator_client):
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.9")
+    data = form_data(
+        node,
+        hicache_size="37",
+        env="EXTRA_ARGS=a b c\nGREETING=it's",
+        extra_flags="--kv-cache-dtype fp4_e2m1",
+    )
+    operator_client.post(reverse("nodes:profile-create"), {**data, "acknowledge": "on"})
+    profile = LaunchProfile.objects.get()
+    form = operator_client.get(reverse("nodes:profile-edit", args=[profile.pk])).context["form"]
+    assert form.initial["env"] == "EXTRA_ARGS=a b c\nGREETING=it's"
+    assert "--kv-cache-dtype fp4_e2m1" in form.initial["extra_flags"]
+
+
+def test_an_absurd_host_pool_is_a_field_error(operator_client, node):
+    response = operator_client.post(
+        reverse("nodes:profile-create"), form_data(node, hicache_size="9" * 30)
+    )
+    assert "hicache_size" in response.context["form"].errors

@@ -111,6 +111,10 @@ def check(
         report.add("block", f"flag_{issue.code}", issue.message)
     if not flags.values:
         return report
+    for problem in _implausible(flags, node):
+        report.add("block", "invalid_value", problem)
+    if report.verdict == "block" and any(m.code == "invalid_value" for m in report.messages):
+        return report
     ranks = _ranks(flags, report, vkey)
     if ranks is None:
         return report
@@ -119,6 +123,36 @@ def check(
     _host_pool(flags, node, geometry, device, ranks, report, vkey, os_headroom_bytes)
     _capacity(device, report, request_tokens)
     return report
+
+
+def _implausible(flags: ParsedCommand, node: NodeMemory) -> list[str]:
+    """Values SGLang or the hardware cannot run with, found before any arithmetic."""
+    problems = []
+
+    def number(*dests: str) -> float | None:
+        value = flags.get(*dests)
+        return None if value is None else float(value)
+
+    mfs = number("mem_fraction_static")
+    if mfs is not None and not 0 < mfs < 1:
+        problems.append(f"--mem-fraction-static {mfs} must lie between 0 and 1")
+    ratio = number("hicache_ratio")
+    if ratio is not None and not 0 < ratio < 1000:
+        problems.append(f"--hicache-ratio {ratio} must be a positive number")
+    for dest, flag in (("hicache_size", "--hicache-size"), ("cpu_offload_gb", "--cpu-offload-gb")):
+        value = number(dest)
+        if value is not None and not 0 <= value <= 10**6:
+            problems.append(f"{flag} {value:g} must be between 0 and 1,000,000 (GB per rank)")
+    tokens = number("max_total_tokens")
+    if tokens is not None and tokens < 1:
+        problems.append(f"--max-total-tokens {tokens:g} must be at least 1")
+    if int(flags.get("base_gpu_id", default=0)) < 0:
+        problems.append("--base-gpu-id cannot be negative")
+    if int(flags.get("gpu_id_step", default=1)) < 1:
+        problems.append("--gpu-id-step must be at least 1")
+    if any(size <= 0 for size in node.gpu_memory_bytes):
+        problems.append("a GPU of the node has no memory size")
+    return problems
 
 
 def _ranks(flags: ParsedCommand, report: BudgetReport, vkey: tuple[int, ...]) -> int | None:
@@ -160,7 +194,14 @@ def _gpus_and_heads(
     count = len(node.gpu_memory_bytes)
     visible = flags.env.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        shown = [v for v in visible.split(",") if v.strip()]
+        shown = [v.strip() for v in visible.split(",") if v.strip()]
+        missing = [v for v in shown if not v.isdigit() or int(v) >= count]
+        if missing:
+            report.add(
+                "block",
+                "visible_devices",
+                f"CUDA_VISIBLE_DEVICES names GPUs the node does not have: {', '.join(missing)}",
+            )
         count = min(count, len(shown))
         report.lines.append(f"CUDA_VISIBLE_DEVICES={visible}: {count} GPUs visible to SGLang")
     report.lines.append(f"GPUs used: {base} … {last} (step {step}); {count} available")
@@ -216,7 +257,13 @@ def _device_pool(
         report.lines.append(
             f"KV bytes per token per rank: {cell:,} ({kind}, kv-cache-dtype {dtype})"
         )
-    if not node.gpu_memory_bytes or geometry is None or weights_bytes is None or cell is None:
+    if (
+        not node.gpu_memory_bytes
+        or geometry is None
+        or weights_bytes is None
+        or not cell
+        or weights_bytes < 0
+    ):
         report.add(
             "info",
             "device_unknown",
@@ -309,6 +356,14 @@ def _host_pool(
                 f"rank → {format_bytes(per_rank, 'GB', places=2)}"
             )
         elif vkey >= (0, 5, 21) and not ratio_given:
+            budget = _host_budget(node, os_headroom, BudgetReport())
+            if budget is not None and budget <= 0:
+                report.add(
+                    "block",
+                    "host_oom",
+                    "No host memory is left for HiCache after SGLang's 10 GiB reserve: SGLang "
+                    "0.5.21+ refuses to start (give --hicache-size explicitly, or free memory)",
+                )
             report.add(
                 "info",
                 "hicache_autosize",
@@ -318,7 +373,8 @@ def _host_pool(
             )
             per_rank = 0
         else:
-            ratio = float(flags.get("hicache_ratio") or default_hicache_ratio(vkey))
+            given = flags.get("hicache_ratio")
+            ratio = float(given) if given is not None else default_hicache_ratio(vkey)
             if device.kv_bytes is None or device.tokens is None:
                 report.add(
                     "warn",
@@ -419,11 +475,19 @@ def _host_block(
         "node and the kernel would OOM-kill them",
     )
     largest = max(0, (budget // ranks - offload) // GB)
+    if not flags.get("enable_hierarchical_cache", default=False):
+        fits = max(0, budget // ranks // GB)
+        report.add(
+            "info", "host_fix", f"The largest --cpu-offload-gb that fits is {fits} (GB per rank)."
+        )
+        report.suggestion = {"--cpu-offload-gb": fits}
+        return
     suggestion: dict[str, Any] = {"--hicache-size": largest}
     text = f"The largest --hicache-size that fits is {largest} (GB per rank)."
     if size_gb:
         meant = size_gb // ranks
-        if meant <= largest:
+        # Only a size far beyond the node reads as a node total typed as a per-rank value.
+        if meant <= largest and per_node > 2 * budget:
             suggestion = {"--hicache-size": meant}
             text = (
                 f"If {size_gb} GB was meant for the whole node, that is --hicache-size {meant} per "

@@ -7,6 +7,7 @@ Kimi-K2) ``(kv_lora_rank + qk_rope_head_dim) × layers/pp × elem``, replicated 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,15 +38,17 @@ def from_config(config: dict[str, Any]) -> ModelGeometry:
 
     Raises ``GeometryError`` naming the first missing key.
     """
+    if not isinstance(config, dict):
+        raise GeometryError("config.json is not a JSON object")
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else None
     source = {**config, **(text or {})}
 
     def need(key: str) -> int:
         if key not in source or source[key] is None:
             raise GeometryError(f"config.json has no {key}")
-        return int(source[key])
+        return _count(key, source[key])
 
-    heads = int(source["num_attention_heads"]) if source.get("num_attention_heads") else None
+    heads = need("num_attention_heads") if source.get("num_attention_heads") else None
     layers = need("num_hidden_layers")
     if source.get("kv_lora_rank") is not None:
         return ModelGeometry(
@@ -53,15 +56,30 @@ def from_config(config: dict[str, Any]) -> ModelGeometry:
             heads,
             heads or 1,
             0,
-            int(source["kv_lora_rank"]),
+            need("kv_lora_rank"),
             need("qk_rope_head_dim"),
             str(source.get("torch_dtype", "bfloat16")),
         )
-    kv_heads = int(source.get("num_key_value_heads") or heads or need("num_key_value_heads"))
-    head_dim = int(source.get("head_dim") or need("hidden_size") // (heads or kv_heads))
+    kv_heads = (
+        need("num_key_value_heads") if source.get("num_key_value_heads") else heads
+    ) or need("num_key_value_heads")
+    head_dim = (
+        need("head_dim") if source.get("head_dim") else need("hidden_size") // (heads or kv_heads)
+    )
+    if head_dim < 1:
+        raise GeometryError("config.json gives a head dimension below 1")
     return ModelGeometry(
         layers, heads, kv_heads, head_dim, torch_dtype=str(source.get("torch_dtype", "bfloat16"))
     )
+
+
+def _count(key: str, value: Any) -> int:
+    """A positive whole number from config.json, or ``GeometryError`` naming the key."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise GeometryError(f"config.json {key} is not a number")
+    if not 1 <= value <= 10**7 or value != int(value):
+        raise GeometryError(f"config.json {key} = {value} is not a plausible count")
+    return int(value)
 
 
 def kv_elem_bytes(kv_cache_dtype: str, torch_dtype: str = "bfloat16") -> int:

@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
-SECRET_FLAGS = {"--api-key", "--admin-api-key"}
+SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
+FLAG_WORDS = ("key", "password", "token", "secret", "passwd")
 MASK = "****"
+
+
+def is_secret_flag(flag: str) -> bool:
+    """Flags whose value is a secret: by name (``…key…``, ``…password…``), or any abbreviation
+    argparse would expand to one (``--api`` → ``--api-key``)."""
+    if not flag.startswith("-"):
+        return False
+    name = flag.lower()
+    if any(word in name for word in FLAG_WORDS):
+        return True
+    return len(name) >= 5 and any(s.startswith(name) for s in SECRET_FLAGS)
 
 
 def redact_args(args: list[str]) -> list[str]:
@@ -15,11 +27,11 @@ def redact_args(args: list[str]) -> list[str]:
         if hide_next:
             out.append(MASK)
             hide_next = False
-        elif word in SECRET_FLAGS:
+        elif "=" in word and is_secret_flag(word.split("=", 1)[0]):
+            out.append(word.split("=", 1)[0] + "=" + MASK)
+        elif is_secret_flag(word):
             out.append(word)
             hide_next = True
-        elif word.split("=", 1)[0] in SECRET_FLAGS and "=" in word:
-            out.append(word.split("=", 1)[0] + "=" + MASK)
         else:
             out.append(word)
     return out

@@ -28,7 +28,7 @@ REPLACEMENTS = {
     "--disable-hicache-numa-detect": "nothing (removed)",
 }
 LIST_DESTS = {"cuda_graph_bs", "cuda_graph_bs_decode", "cuda_graph_bs_prefill", "lora_paths"}
-LAUNCHERS = (["-m", "sglang.launch_server"], ["serve"])
+LAUNCHERS = (["-m", "sglang.launch_server"], ["sglang", "serve"])
 
 
 @dataclass(frozen=True)
@@ -197,6 +197,8 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
     """
     words = shlex.split(command.replace("\\\n", " ")) if isinstance(command, str) else list(command)
     env: dict[str, str] = {}
+    if words[:1] == ["env"]:
+        words.pop(0)
     while words and "=" in words[0] and not words[0].startswith("-"):
         key, _, value = words.pop(0).partition("=")
         env[key] = value
@@ -214,7 +216,11 @@ def parse_command(argv: list[str], table: FlagTable) -> ParsedCommand:
     try:
         namespace, unknown = parser.parse_known_args(argv)
     except _Refused as exc:
-        result.issues.append(FlagIssue("invalid", _flag_in(exc.message), exc.message))
+        flag = _flag_in(exc.message)
+        message = exc.message
+        if flag in REPLACEMENTS:
+            message += f" ({flag} was removed; use {REPLACEMENTS[flag]})"
+        result.issues.append(FlagIssue("invalid", flag, message))
         return result
     result.values = vars(namespace)
     result.given = {
@@ -223,6 +229,11 @@ def parse_command(argv: list[str], table: FlagTable) -> ParsedCommand:
         if any(_mentions(argv, option) for option in spec.options)
         or _abbreviates(argv, spec, parser)
     }
+    strays = [w for w in unknown if not w.startswith("--")]
+    if strays:
+        result.issues.append(
+            FlagIssue("unknown", strays[0], f"unrecognized arguments: {' '.join(strays)[:200]}")
+        )
     for word in unknown:
         if not word.startswith("--"):
             continue

@@ -9,7 +9,7 @@ shared/reference/sglang.md §1d).
 from __future__ import annotations
 
 import re
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation, localcontext
 
 KB = 10**3
 MB = 10**6
@@ -105,9 +105,11 @@ def format_bytes(size: int, unit: str = "GiB", places: int = 1) -> str:
     """
     if unit not in UNITS:
         raise UnitError(f"unknown unit {unit!r}")
-    value = Decimal(size) / UNITS[unit]
-    quantum = Decimal(1).scaleb(-places)
-    text = f"{value.quantize(quantum, rounding=ROUND_HALF_UP):f}"
+    with localcontext() as context:
+        context.prec = 80  # sizes far beyond any machine still format instead of raising
+        value = Decimal(size) / UNITS[unit]
+        quantum = Decimal(1).scaleb(-places)
+        text = f"{value.quantize(quantum, rounding=ROUND_HALF_UP):f}"
     if "." in text:
         text = text.rstrip("0").rstrip(".")
     return f"{text} {unit}"

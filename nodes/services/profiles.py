@@ -62,8 +62,10 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
     if pasted_config.strip():
         try:
             return ModelFacts(from_config(json.loads(pasted_config)), None, "pasted config.json")
+        except RecursionError:
+            return ModelFacts(None, None, "the pasted config.json is nested too deeply")
         except (ValueError, GeometryError) as exc:
-            return ModelFacts(None, None, f"the pasted config.json is unusable: {exc}")
+            return ModelFacts(None, None, f"the pasted config.json is unusable: {str(exc)[:200]}")
     if not model_path or not node.host_key:
         return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
     key = "model:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()

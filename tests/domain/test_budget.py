@@ -244,3 +244,83 @@ def test_node_total_is_monotone_in_tp_size_and_ratio(size, ratio):
     assert total(2, f"--hicache-size {size}") <= total(4, f"--hicache-size {size}")
     assert total(8, f"--hicache-size {size}") <= total(8, f"--hicache-size {size + 1}")
     assert total(8, f"--hicache-ratio {ratio}") <= total(8, f"--hicache-ratio {ratio + 0.5}")
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "--model-path /m --tp-size 8 garbage positional",
+        "--model-path /m -tp 8",
+        "--model-path /m --enable-hierarchical-cache --hicache-ratio 0",
+        "--model-path /m --enable-hierarchical-cache --hicache-size 300 --cpu-offload-gb -2000",
+        "--model-path /m --mem-fraction-static 5",
+        "--model-path /m --max-total-tokens -5",
+        "--model-path /m --tp-size 8 --gpu-id-step 0",
+        "--model-path /m --base-gpu-id -4",
+        "CUDA_VISIBLE_DEVICES=0,1,9,10 python3 -m sglang.launch_server --model-path /m --tp-size 4",
+        "env CUDA_VISIBLE_DEVICES=0,1 python3 -m sglang.launch_server --model-path /m --tp-size 4",
+        "--model-path /m --enable-hierarchical-cache --hicache-size " + "9" * 30,
+    ],
+)
+def test_values_sglang_or_the_node_cannot_run_are_blocked(command):
+    assert run(command, geometry=from_config(LLAMA_70B), weights_bytes=141 * GB).verdict == "block"
+
+
+def test_a_served_model_name_of_serve_is_not_a_launcher():
+    report = run("--model-path /m --served-model-name serve --tp-size 8")
+    assert "--model-path is required" not in text(report)
+
+
+def test_autosize_with_no_host_memory_left_is_blocked():
+    node = NodeMemory((96 * GiB,) * 8, 449 * GB, mem_available_bytes=5 * GB)
+    report = run("--model-path /m --tp-size 8 --enable-hierarchical-cache", node, "0.5.23")
+    assert report.verdict == "block" and "No host memory is left for HiCache" in text(report)
+
+
+def test_offload_alone_suggests_an_offload_size():
+    report = run("--model-path /m --tp-size 8 --cpu-offload-gb 100")
+    assert report.verdict == "block" and report.suggestion == {"--cpu-offload-gb": 49}
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        [],
+        {
+            "num_hidden_layers": -80,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 8,
+            "head_dim": 128,
+        },
+        {
+            "num_hidden_layers": 80,
+            "num_attention_heads": 0,
+            "num_key_value_heads": 0,
+            "hidden_size": 8192,
+        },
+        {"num_hidden_layers": "abc", "num_attention_heads": 8, "head_dim": 8},
+        {"num_hidden_layers": 1e400, "num_attention_heads": 8, "head_dim": 8},
+    ],
+)
+def test_unusable_configs_are_a_geometry_error(config):
+    from nodes.domain.geometry import GeometryError
+
+    with pytest.raises(GeometryError):
+        from_config(config)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--api", "S3"],
+        ["--api-k=S3"],
+        ["--admin-api", "S3"],
+        ["--ssl-keyfile-password", "S3"],
+        ["--api-key-=S3"],
+        ["--api-key", "S3"],
+    ],
+)
+def test_secrets_are_masked_whatever_the_spelling(args):
+    from nodes.domain.redact import redact_args
+
+    assert "S3" not in " ".join(redact_args(["--model-path", "/m", *args]))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,8 @@ class Command(OneLineCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         node_doc = _read_json(options["node"], "--node")
+        if not isinstance(node_doc, dict):
+            raise CommandError("--node: expected a JSON object", returncode=2)
         config = (
             _read_json(options["model_config"], "--model-config")
             if options["model_config"]
@@ -47,43 +50,43 @@ class Command(OneLineCommand):
             raise CommandError("give the launch command after --", returncode=2)
         try:
             memory = NodeMemory(
-                gpu_memory_bytes=tuple(
-                    int(g["memory_total_bytes"]) for g in node_doc.get("gpus", [])
+                gpu_memory_bytes=tuple(_size(g["memory_total_bytes"]) for g in node_doc["gpus"]),
+                host_ram_bytes=_size_or_none(node_doc.get("host_ram_bytes")),
+                mem_available_bytes=_size_or_none(
+                    options["available_bytes"]
+                    if options["available_bytes"] is not None
+                    else node_doc.get("mem_available_bytes")
                 ),
-                host_ram_bytes=_int_or_none(node_doc.get("host_ram_bytes")),
-                mem_available_bytes=options["available_bytes"]
-                if options["available_bytes"] is not None
-                else _int_or_none(node_doc.get("mem_available_bytes")),
-                cgroup_limit_bytes=_int_or_none(node_doc.get("cgroup_limit_bytes")),
+                cgroup_limit_bytes=_size_or_none(node_doc.get("cgroup_limit_bytes")),
             )
-        except (KeyError, TypeError, ValueError, AttributeError):
+            weights = _size_or_none(options["weights_bytes"])
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise CommandError(
-                '--node: expected {"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int}]}',
+                '--node: expected {"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int}]} '
+                "with sizes in bytes (0 to 2^63), and a non-negative --weights-bytes",
                 returncode=2,
             ) from None
-        version = options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
+        version = str(
+            options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
+        )
+        if not re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?\w+)?", version):
+            raise CommandError(f"--sglang-version {version!r} is not a version", returncode=2)
         try:
-            argv, _env = split_command(command)
+            argv, env = split_command(command)
         except ValueError as exc:
             raise CommandError(f"the launch command cannot be split: {exc}", returncode=2) from None
-        flags = parse_command(argv, table(str(version)))
-        flags.env = _env
+        flags = parse_command(argv, table(version))
+        flags.env = env
         geometry = None
         if config is not None:
             try:
                 geometry = from_config(config)
             except GeometryError as exc:
                 raise CommandError(f"--model-config: {exc}", returncode=2) from None
-        report = check(
-            flags,
-            memory,
-            version=str(version),
-            geometry=geometry,
-            weights_bytes=options["weights_bytes"],
-        )
+        report = check(flags, memory, version=version, geometry=geometry, weights_bytes=weights)
         if options["json"]:
             doc = report.to_json()
-            doc["sglang_version"] = str(version)
+            doc["sglang_version"] = version
             self.stdout.write(json.dumps(doc, indent=2))
         else:
             self.stdout.write(f"Verdict: {report.verdict.upper()} (SGLang {version})")
@@ -95,6 +98,17 @@ class Command(OneLineCommand):
             raise SystemExit(1)
 
 
+def _size(value: Any) -> int:
+    """A size in bytes from JSON: a whole number from 0 to 2^63, else ValueError."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(value)
+    return value
+
+
+def _size_or_none(value: Any) -> int | None:
+    return None if value is None else _size(value)
+
+
 def _read_json(path: str, flag: str) -> Any:
     try:
         return json.loads(Path(path).read_text())
@@ -102,7 +116,7 @@ def _read_json(path: str, flag: str) -> Any:
         raise CommandError(f"{flag}: cannot read {path}: {exc.strerror}", returncode=2) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CommandError(f"{flag}: {path} is not JSON ({exc})", returncode=2) from None
-
-
-def _int_or_none(value: Any) -> int | None:
-    return None if value is None else int(value)
+    except (RecursionError, ValueError):
+        raise CommandError(
+            f"{flag}: {path} is not usable JSON (too deep or too large)", returncode=2
+        ) from None
