@@ -78,7 +78,7 @@ def _initial(profile: LaunchProfile | None) -> dict[str, Any]:
     latest = profile.latest() if profile else None
     if latest is None:
         return {"name": profile.name if profile else ""}
-    env = "".join(shlex.quote(f"{k}={v}") + " " for k, v in latest.env.items())
+    env = "".join(shlex.quote(f"{k}={v}") + " " for k, v in sorted(latest.env.items()))
     data, _ = data_from_command(
         f"{env}python3 -m sglang.launch_server {shlex.join(latest.args)}",
         {"name": profile.name if profile else ""},
