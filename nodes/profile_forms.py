@@ -83,7 +83,7 @@ class ProfileForm(forms.Form):
         required=False,
         min_value=0,
         max_value=1_000_000,
-        help_text="SGLang's --hicache-size is per rank: 8 ranks × this many GB in all.",
+        help_text="SGLang's --hicache-size is per rank: every TP rank on the node pins this much.",
     )
     hicache_ratio = forms.DecimalField(
         label="Host pool ratio (× the rank's device KV pool)",

@@ -90,7 +90,17 @@ def _initial(profile: LaunchProfile | None) -> dict[str, Any]:
 def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> HttpResponseBase:
     context: dict[str, Any] = {"profile": profile}
     if request.method == "GET":
-        form = ProfileForm(initial=_initial(profile))
+        initial = _initial(profile)
+        if profile is not None and initial.get("node"):
+            # A new revision starts from the last one, checked already.
+            form = ProfileForm({k: v for k, v in initial.items() if v not in (None, "")})
+            if form.is_valid():
+                context.update(_checked(form))
+            form = ProfileForm(initial=initial)
+        else:
+            form = ProfileForm(initial=initial)
+        if profile is not None:
+            form.fields["name"].disabled = True
         return render(request, "nodes/profile_form.html", {**context, "form": form})
     data = request.POST.copy()
     if profile is not None:
@@ -102,6 +112,9 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
             form.add_error("pasted_command", error)
     else:
         form = ProfileForm(data)
+    if profile is not None:
+        form.fields["name"].disabled = True
+        form.initial["name"] = profile.name
     if form.is_valid():
         context.update(_checked(form))
         report = context["report"]
@@ -127,6 +140,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
                     report=report,
                     model=context["model"],
                     actor=request.user,
+                    request=request,
                 )
                 messages.success(request, f"Saved {revision}.")
                 return _redirect(

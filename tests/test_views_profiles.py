@@ -69,7 +69,8 @@ def test_a_warned_profile_needs_an_acknowledgement_then_saves_revision_1(operato
     assert revision.number == 1 and revision.verdict == "warn"
     assert revision.args[:4] == ["--model-path", "/models/kimi", "--tp-size", "8"]
     assert "--hicache-size" in revision.args and "37" in revision.args
-    assert AuditEntry.objects.filter(action="profile.revision").exists()
+    entry = AuditEntry.objects.get(action="profile.revision")
+    assert entry.request_id == saved["X-Request-ID"] and entry.after["verdict"] == "warn"
     detail = operator_client.get(saved["Location"]).content.decode()
     assert "python3 -m sglang.launch_server --model-path /models/kimi --tp-size 8" in detail
 
@@ -81,6 +82,10 @@ def test_each_save_is_a_new_immutable_revision(operator_client, node):
     operator_client.post(
         reverse("nodes:profile-edit", args=[profile.pk]), {**data, "hicache_size": "30"}
     )
+    edit_page = operator_client.get(
+        reverse("nodes:profile-edit", args=[profile.pk])
+    ).content.decode()
+    assert "Memory budget on gpu-01" in edit_page  # the panel is filled from the last revision
     numbers = list(profile.revisions.values_list("number", "args"))
     assert [n for n, _ in numbers] == [2, 1]
     assert "30" in numbers[0][1] and "37" in numbers[1][1]

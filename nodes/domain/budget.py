@@ -233,6 +233,8 @@ class _Device:
     tokens: int | None
     kv_bytes: int | None
     cell: int | None
+    pre: int | None = None  # free GPU memory before weights, bytes
+    weights: int | None = None  # weights per rank, bytes
 
 
 def _device_pool(
@@ -288,16 +290,25 @@ def _device_pool(
         f"{format_bytes(weights_bytes, 'GB')} ÷ {tp * pp} = {format_bytes(weights, places=2)}"
     )
     if rest <= 0:
-        needed = min(0.99, round(weights / pre + 0.05, 2))
+        needed = round(weights / pre + 0.05, 2)
+        if needed <= 0.95:
+            fix = (
+                f"Raise --mem-fraction-static to about {needed}, or spread the model over more "
+                "GPUs."
+            )
+            report.suggestion = {"--mem-fraction-static": needed}
+        else:
+            fix = (
+                "The weights do not fit these GPUs at this TP size: use more GPUs (a larger "
+                "--tp-size)."
+            )
         report.add(
             "block",
             "no_kv_room",
             f"The weights ({format_bytes(weights, places=2)} per rank) fill the static pool "
-            f"({format_bytes(int(static), places=2)}): no room for the KV cache. Raise "
-            f"--mem-fraction-static to about {needed}, or spread the model over more GPUs.",
+            f"({format_bytes(int(static), places=2)}): no room for the KV cache. {fix}",
         )
-        report.suggestion = {"--mem-fraction-static": needed}
-        return _Device(0, 0, cell)
+        return _Device(0, 0, cell, pre, weights)
     tokens = rest // cell
     cap = flags.get("max_total_tokens")
     if cap is not None and int(cap) < tokens:
@@ -323,7 +334,7 @@ def _device_pool(
             f"graphs (SGLang's default keeps {format_bytes(reference, places=2)}): CUDA-graph "
             "capture or the first large batch may run out of GPU memory.",
         )
-    return _Device(tokens, kv, cell)
+    return _Device(tokens, kv, cell, pre, weights)
 
 
 def _host_pool(
@@ -339,6 +350,12 @@ def _host_pool(
     offload = int(flags.get("cpu_offload_gb", default=0) or 0) * GB
     if not flags.get("enable_hierarchical_cache", default=False) and not offload:
         report.lines.append("No hierarchical cache: no host pool")
+        if "hicache_size" in flags.given or "hicache_ratio" in flags.given:
+            report.add(
+                "warn",
+                "hicache_ignored",
+                "--hicache-size/--hicache-ratio do nothing without --enable-hierarchical-cache",
+            )
         return
     size_gb = int(flags.get("hicache_size", default=0) or 0)
     ratio_given = "hicache_ratio" in flags.given
@@ -426,6 +443,7 @@ def _host_pool(
             f"{share:.0%} of host RAM would be pinned; pinned memory cannot be reclaimed, and "
             "growth under load has OOM-killed servers that fitted at start",
         )
+    _fit_protocol(flags, report, device, vkey, size_gb)
     if flags.get("enable_hierarchical_cache", default=False) and ranks > 1 and vkey <= (0, 5, 18):
         report.add(
             "warn",
@@ -435,10 +453,62 @@ def _host_pool(
         )
 
 
+def _fit_protocol(
+    flags: ParsedCommand,
+    report: BudgetReport,
+    device: _Device,
+    vkey: tuple[int, ...],
+    size_gb: int,
+) -> None:
+    """Up to 0.5.12 the host pool must hold more tokens than the device pool (§1d): make sure the
+    suggested --hicache-size does, lowering mem-fraction-static when no size fits the budget."""
+    if not flags.get("enable_hierarchical_cache", default=False) or vkey > (0, 5, 12):
+        return
+    if not device.tokens or not device.cell or device.pre is None or device.weights is None:
+        return
+    blocked_here = {"host_oom", "host_not_larger"} & {m.code for m in report.messages}
+    if not blocked_here:
+        return
+    wanted = (report.suggestion or {}).get("--hicache-size", size_gb)
+    minimum = device.tokens * device.cell // GB + 1
+    if wanted >= minimum:
+        return
+    per_rank_budget = (
+        report.host_budget_bytes // report.ranks_per_node
+        if report.host_budget_bytes is not None and report.ranks_per_node
+        else None
+    )
+    if per_rank_budget is None or minimum * GB <= per_rank_budget:
+        report.suggestion = {"--hicache-size": minimum}
+        report.add(
+            "info",
+            "host_fix",
+            f"SGLang {'.'.join(map(str, vkey))} needs the host pool larger than the device pool "
+            f"({format_bytes(device.kv_bytes or 0, 'GB', places=2)} per rank): use at least "
+            f"--hicache-size {minimum}.",
+        )
+        return
+    # No size both fits the host and exceeds the device pool: shrink the device pool instead.
+    mfs = int((device.weights + wanted * GB - device.cell) / device.pre * 100) / 100
+    report.suggestion = {"--hicache-size": wanted, "--mem-fraction-static": mfs}
+    report.add(
+        "info",
+        "host_fix",
+        f"At this mem-fraction-static the device pool "
+        f"({format_bytes(device.kv_bytes or 0, 'GB', places=2)} per rank) is larger than any "
+        f"host pool the node can pin, and SGLang "
+        f"{'.'.join(map(str, vkey))} needs the host pool larger: use --hicache-size {wanted} with "
+        f"--mem-fraction-static {mfs} or lower.",
+    )
+
+
 def _host_budget(node: NodeMemory, os_headroom: int, report: BudgetReport) -> int | None:
     figures = []
     if node.host_ram_bytes:
-        figures.append(("host RAM − OS headroom", node.host_ram_bytes - os_headroom))
+        ram, spare = format_bytes(node.host_ram_bytes, "GB"), format_bytes(os_headroom, "GB", 2)
+        figures.append(
+            (f"host RAM {ram} − {spare} for the OS =", node.host_ram_bytes - os_headroom)
+        )
     if node.mem_available_bytes is not None:
         figures.append(("MemAvailable now", node.mem_available_bytes))
     if node.cgroup_limit_bytes is not None:

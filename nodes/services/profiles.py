@@ -10,6 +10,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
+from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
@@ -124,6 +125,7 @@ def save_revision(
     report: BudgetReport,
     model: ModelFacts,
     actor: Actor,
+    request: HttpRequest | None = None,
 ) -> ProfileRevision:
     """Create the profile if new, then its next revision; audit ``profile.revision``.
 
@@ -157,9 +159,11 @@ def save_revision(
             obj=profile,
             after={
                 "revision": revision.number,
-                "args": revision.command_line(),
+                "command": revision.command_line(),
+                "message": message,
                 "verdict": report.verdict,
                 "node": node.name,
             },
+            request=request,
         )
     return revision

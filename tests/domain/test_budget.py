@@ -324,3 +324,36 @@ def test_secrets_are_masked_whatever_the_spelling(args):
     from nodes.domain.redact import redact_args
 
     assert "S3" not in " ".join(redact_args(["--model-path", "/m", *args]))
+
+
+def test_on_big_gpus_the_fix_also_shrinks_the_device_pool_for_old_versions():
+    # The demo's 141 GiB GPUs: Kimi-K2's device pool per rank outgrows any host pool that fits.
+    node = NodeMemory((141 * GiB,) * 8, 449 * GB, mem_available_bytes=444 * GB)
+    report = run(INCIDENT, node, geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert report.verdict == "block"
+    size, mfs = report.suggestion["--hicache-size"], report.suggestion["--mem-fraction-static"]
+    fixed = INCIDENT.replace("--hicache-size 300", f"--hicache-size {size}").replace(
+        "--mem-fraction-static 0.93", f"--mem-fraction-static {mfs}"
+    )
+    again = run(fixed, node, geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert again.verdict != "block", text(again)
+
+
+def test_when_a_larger_size_fits_it_is_the_suggestion():
+    node = NodeMemory((96 * GiB,) * 8, 2000 * GB)
+    command = INCIDENT.replace("--hicache-size 300", "--hicache-size 5")
+    report = run(command, node, geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert "host_not_larger" in codes(report)
+    size = report.suggestion["--hicache-size"]
+    fixed = run(
+        command.replace("--hicache-size 5", f"--hicache-size {size}"),
+        node,
+        geometry=from_config(KIMI),
+        weights_bytes=544 * GB,
+    )
+    assert fixed.verdict != "block", text(fixed)
+
+
+def test_a_size_without_the_cache_flag_is_pointed_out():
+    report = run("--model-path /m --hicache-size 40")
+    assert "hicache_ignored" in codes(report)
