@@ -405,9 +405,3 @@ class Pool:
 
 #: The worker process's connections (Celery tasks in one process share them).
 pool = Pool()
-
-
-def keepalive(client: paramiko.SSHClient, seconds: int = 15) -> None:
-    transport = client.get_transport()
-    if transport is not None:
-        transport.set_keepalive(seconds)

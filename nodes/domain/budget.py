@@ -84,9 +84,8 @@ def default_mem_fraction(gpu_bytes: int, tp: int, pp: int) -> float:
     return round((gpu - reserve) / gpu, 3)
 
 
-def default_hicache_ratio(version: tuple[int, ...]) -> float:
-    """2.0 in every version (0.5.18+ resolves its ``None`` to 2.0 in ``cache`` mode), §1d."""
-    return 2.0
+#: --hicache-ratio's default: 2.0 in every version (0.5.18+ resolves its None to 2.0), §1d.
+DEFAULT_HICACHE_RATIO = 2.0
 
 
 def check(
@@ -391,7 +390,7 @@ def _host_pool(
             per_rank = 0
         else:
             given = flags.get("hicache_ratio")
-            ratio = float(given) if given is not None else default_hicache_ratio(vkey)
+            ratio = float(given) if given is not None else DEFAULT_HICACHE_RATIO
             if device.kv_bytes is None or device.tokens is None:
                 report.add(
                     "warn",

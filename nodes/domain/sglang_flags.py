@@ -50,9 +50,6 @@ class FlagTable:
     version: str
     flags: tuple[FlagSpec, ...]
 
-    def by_dest(self, dest: str) -> FlagSpec | None:
-        return next((f for f in self.flags if f.dest == dest), None)
-
 
 @dataclass(frozen=True)
 class FlagIssue:

@@ -61,3 +61,15 @@ def resolve_actor(name: str | None, needs: Role) -> AbstractBaseUser:
     if not has_role(user, needs):
         raise CommandError(f"user {username!r} lacks the {needs.label.lower()} role for this")
     return user
+
+
+def read_small(path: str, flag: str) -> str:
+    """A small text file named on the command line (a key, a passphrase); 64 KiB at most."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            text = handle.read(64 * 1024 + 1)
+    except OSError as exc:
+        raise CommandError(f"{flag}: cannot read {path}: {exc.strerror}") from None
+    if len(text) > 64 * 1024:
+        raise CommandError(f"{flag}: {path} is too large to be an SSH key")
+    return text

@@ -10,8 +10,13 @@ from django.core.management.base import CommandError, CommandParser
 from nodes import ssh
 from nodes.choices import Role
 from nodes.domain.inventory import check_node_name
-from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
-from nodes.management.commands.node import _read_small
+from nodes.management.cli import (
+    OneLineCommand,
+    OneLineParser,
+    add_actor_argument,
+    read_small,
+    resolve_actor,
+)
 from nodes.models import SshCredential
 from nodes.services.credentials import create_credential
 
@@ -41,9 +46,9 @@ class Command(OneLineCommand):
             raise CommandError(f"NAME: {message}")
         if SshCredential.objects.filter(name=options["name"]).exists():
             raise CommandError(f"a key named {options['name']!r} exists already")
-        text = _read_small(options["key_file"], "--key-file")
+        text = read_small(options["key_file"], "--key-file")
         passphrase = (
-            _read_small(options["passphrase_file"], "--passphrase-file").removesuffix("\n")
+            read_small(options["passphrase_file"], "--passphrase-file").removesuffix("\n")
             if options["passphrase_file"]
             else None
         )

@@ -21,7 +21,13 @@ from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain.units import UnitError, format_bytes, split_size
 from nodes.forms import NodeForm
-from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
+from nodes.management.cli import (
+    OneLineCommand,
+    OneLineParser,
+    add_actor_argument,
+    read_small,
+    resolve_actor,
+)
 from nodes.models import Node, SshCredential
 from nodes.services import discovery
 from nodes.services.credentials import create_credential, readable, replace_key
@@ -114,8 +120,9 @@ class Command(OneLineCommand):
         data.update(_size_data("host_ram", options["host_ram"], "--host-ram"))
         host_key = None
         if options["trust_host_key"]:
-            if not NodeForm(data).is_valid():  # a bad host must not be contacted at all
-                raise CommandError(_first_error(NodeForm(data)))
+            precheck = NodeForm(data)
+            if not precheck.is_valid():  # a bad host must not be contacted at all
+                raise CommandError(_first_error(precheck))
             try:
                 host_key = ssh.fetch_host_key(options["host"], options["port"])
             except ssh.RemoteError as exc:
@@ -150,9 +157,9 @@ class Command(OneLineCommand):
             return found
         if not options["key_file"]:
             return None
-        text = _read_small(options["key_file"], "--key-file")
+        text = read_small(options["key_file"], "--key-file")
         passphrase = (
-            _read_small(options["passphrase_file"], "--passphrase-file").removesuffix("\n")
+            read_small(options["passphrase_file"], "--passphrase-file").removesuffix("\n")
             if options["passphrase_file"]
             else None
         )
@@ -305,17 +312,6 @@ def _free_key_name(node_name: str) -> str:
         if not SshCredential.objects.filter(name=name).exists():
             return name
     raise CommandError("too many stored keys named after this node; use --credential")
-
-
-def _read_small(path: str, flag: str) -> str:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read(64 * 1024 + 1)
-    except OSError as exc:
-        raise CommandError(f"{flag}: cannot read {path}: {exc.strerror}") from None
-    if len(text) > 64 * 1024:
-        raise CommandError(f"{flag}: {path} is too large to be an SSH key")
-    return text
 
 
 def _size_data(field: str, text: str | None, flag: str) -> dict[str, Any]:

@@ -258,16 +258,6 @@ def release_mine() -> None:
         publish()
 
 
-def mark_leaking(pids: list[int]) -> None:
-    """Processes about to be killed by a dying server keep their memory under leak-on-crash."""
-    with locked():
-        for pid in pids:
-            entry = _read_json(_entry_path(pid))
-            if entry is not None:
-                entry["leak"] = True
-                _write_json(_entry_path(pid), entry)
-
-
 # --- totals ----------------------------------------------------------------------------------
 
 
