@@ -165,8 +165,28 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout"
 CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
 # Seconds between heartbeats (each node's reachability, GPU memory in use, MemAvailable).
 RANKWISE_HEARTBEAT_SECONDS = env_int("RANKWISE_HEARTBEAT_SECONDS", 30)
+# Launches: a follower that has not checked in for this many seconds is presumed dead and its
+# launch is re-adopted by the reconciler (which also runs every RECONCILE seconds).
+RANKWISE_FOLLOWER_LEASE_SECONDS = env_int("RANKWISE_FOLLOWER_LEASE_SECONDS", 15)
+RANKWISE_RECONCILE_SECONDS = env_int("RANKWISE_RECONCILE_SECONDS", 20)
+# A launch whose node does not answer for this long becomes `lost` (and recovers when it does).
+RANKWISE_LOST_AFTER_SECONDS = env_int("RANKWISE_LOST_AFTER_SECONDS", 30)
+# Start-up must reach `ready` within this (the CLI's --timeout sets it per launch).
+RANKWISE_STARTUP_TIMEOUT_SECONDS = env_int("RANKWISE_STARTUP_TIMEOUT_SECONDS", 1800)
+# Seconds between /health polls of a ready server (and /metrics with --enable-metrics).
+RANKWISE_HEALTH_SECONDS = env_int("RANKWISE_HEALTH_SECONDS", 10)
+# Log lines kept in the database per launch (the first 1,000 and the newest); the full log is
+# archived with the launch when it ends and stays downloadable.
+RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 200_000)
+# Seconds a stop waits after SIGTERM before SIGKILL.
+RANKWISE_STOP_GRACE_SECONDS = env_int("RANKWISE_STOP_GRACE_SECONDS", 20)
+CELERY_TASK_ROUTES = {"nodes.follow_launch": {"queue": "streams"}}
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "heartbeat": {"task": "nodes.heartbeat", "schedule": float(RANKWISE_HEARTBEAT_SECONDS)},
+    "reconcile-launches": {
+        "task": "nodes.reconcile_launches",
+        "schedule": float(RANKWISE_RECONCILE_SECONDS),
+    },
 }
 
 # The account management commands act as when neither --actor nor RANKWISE_ACTOR names one.

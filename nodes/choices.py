@@ -29,3 +29,32 @@ class Role(models.TextChoices):
 
 
 ROLE_ORDER = (Role.VIEWER, Role.OPERATOR, Role.ADMIN)
+
+
+class LaunchStatus(models.TextChoices):
+    """A launch's life: pending → preflight → starting → loading → ready → stopping → stopped,
+    or blocked (pre-flight refused), failed, error (the panel broke), lost (node unreachable)."""
+
+    PENDING = "pending", "Pending"
+    PREFLIGHT = "preflight", "Pre-flight"
+    STARTING = "starting", "Starting"
+    LOADING = "loading", "Loading"
+    READY = "ready", "Ready"
+    STOPPING = "stopping", "Stopping"
+    STOPPED = "stopped", "Stopped"
+    BLOCKED = "blocked", "Blocked"
+    FAILED = "failed", "Failed"
+    ERROR = "error", "Error"
+    LOST = "lost", "Lost"
+
+
+#: The server may be running: followed, health-checked, re-adopted after a restart.
+LAUNCH_RUNNING = (
+    LaunchStatus.STARTING,
+    LaunchStatus.LOADING,
+    LaunchStatus.READY,
+    LaunchStatus.STOPPING,
+    LaunchStatus.LOST,
+)
+LAUNCH_ACTIVE = (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT, *LAUNCH_RUNNING)
+LAUNCH_ENDED = (LaunchStatus.STOPPED, LaunchStatus.BLOCKED, LaunchStatus.FAILED, LaunchStatus.ERROR)

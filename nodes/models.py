@@ -7,7 +7,7 @@ import shlex
 from django.conf import settings
 from django.db import models
 
-from nodes.choices import NodeStatus
+from nodes.choices import LaunchStatus, NodeStatus
 from nodes.domain.inventory import GpuSpec, gpu_summary
 from nodes.domain.redact import redact_args, redact_env
 
@@ -181,6 +181,8 @@ class LaunchProfile(models.Model):
     name = models.CharField(max_length=63, unique=True)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150)
+    # Made for one launch from a raw command line (CLI `-- COMMAND` or pasted), not by an editor.
+    adhoc = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["name"]
@@ -222,3 +224,117 @@ class ProfileRevision(models.Model):
         """The command that will run on the node (env first), shell-quoted, secrets masked."""
         env = [f"{k}={v}" for k, v in sorted(redact_env(self.env).items())]
         return shlex.join([*env, "python3", "-m", "sglang.launch_server", *redact_args(self.args)])
+
+
+class Launch(models.Model):
+    """One run of a profile revision on a node's GPUs, from pre-flight to its end.
+
+    ``log_offset`` (bytes of the node's log stored) and ``last_seq`` (the last stored line) move
+    together in one transaction, so a follower that restarts resumes with no gap or duplicate.
+    """
+
+    revision = models.ForeignKey(ProfileRevision, on_delete=models.PROTECT, related_name="launches")
+    node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="launches")
+    gpus = models.JSONField(default=list, help_text="GPU indexes on the node, in rank order.")
+    port = models.PositiveIntegerField()
+    status = models.CharField(max_length=16, choices=LaunchStatus, default=LaunchStatus.PENDING)
+    reason = models.TextField(blank=True)
+    checks = models.JSONField(default=list, blank=True)
+    overrides = models.JSONField(default=dict, blank=True)
+    progress = models.JSONField(default=dict, blank=True)
+    estimate = models.JSONField(null=True, blank=True)
+    created_by = models.CharField(max_length=150)
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    started = models.DateTimeField(null=True, blank=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended = models.DateTimeField(null=True, blank=True)
+    startup_timeout_s = models.PositiveIntegerField()
+    remote_dir = models.CharField(max_length=512, blank=True)
+    pid = models.IntegerField(null=True, blank=True)
+    pgid = models.IntegerField(null=True, blank=True)
+    exit_status = models.IntegerField(null=True, blank=True)
+    log_offset = models.PositiveBigIntegerField(default=0)
+    last_seq = models.PositiveIntegerField(default=0)
+    lines_dropped = models.PositiveIntegerField(default=0)
+    # Every byte of the node's log is stored (set when the follower finishes after the end).
+    log_complete = models.BooleanField(default=False)
+    # The worker that follows the launch now, and when it last checked in (its lease).
+    worker_token = models.CharField(max_length=64, blank=True)
+    worker_beat = models.DateTimeField(null=True, blank=True)
+    lost_since = models.DateTimeField(null=True, blank=True)
+    resume_status = models.CharField(max_length=16, blank=True)
+    server_info = models.JSONField(null=True, blank=True)
+    metrics = models.JSONField(null=True, blank=True)
+    health_at = models.DateTimeField(null=True, blank=True)
+    snapshot = models.JSONField(null=True, blank=True)
+    log_archive = models.BinaryField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"launch #{self.pk} ({self.revision} on {self.node.name})"
+
+    @property
+    def adhoc(self) -> bool:
+        return self.revision.profile.adhoc
+
+    def gpu_list(self) -> str:
+        return ",".join(str(g) for g in self.gpus)
+
+    def summary(self) -> dict[str, object]:
+        """The launch as plain JSON for the CLI and audit entries."""
+        return {
+            "id": self.pk,
+            "status": self.status,
+            "reason": self.reason,
+            "node": self.node.name,
+            "profile": str(self.revision),
+            "adhoc": self.adhoc,
+            "gpus": list(self.gpus),
+            "port": self.port,
+            "phase": self.progress.get("phase", "") if isinstance(self.progress, dict) else "",
+            "created": self.created.isoformat() if self.created else None,
+            "ready_at": self.ready_at.isoformat() if self.ready_at else None,
+            "ended": self.ended.isoformat() if self.ended else None,
+        }
+
+
+class LaunchLogLine(models.Model):
+    """One line of a launch's server log, cleaned and with secrets masked; ``seq`` counts from 1."""
+
+    launch = models.ForeignKey(Launch, on_delete=models.CASCADE, related_name="lines")
+    seq = models.PositiveIntegerField()
+    text = models.TextField()
+    time = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["launch", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["launch", "seq"], name="log_line_seq_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.seq}: {self.text[:80]}"
+
+
+class Reservation(models.Model):
+    """A GPU or port of a node held by one launch; the unique constraint makes two launches on
+    the same GPUs impossible, on SQLite as on PostgreSQL."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="reservations")
+    kind = models.CharField(max_length=8, choices=[("gpu", "GPU"), ("port", "port")])
+    number = models.PositiveIntegerField()
+    launch = models.ForeignKey(Launch, on_delete=models.CASCADE, related_name="reservations")
+
+    class Meta:
+        ordering = ["node", "kind", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "kind", "number"], name="one_launch_per_resource"
+            )
+        ]
+
+    def __str__(self) -> str:
+        what = f"GPU {self.number}" if self.kind == "gpu" else f"port {self.number}"
+        return f"{self.node.name} {what} → launch #{self.launch_id}"

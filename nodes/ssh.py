@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import http.client
 import io
 import shlex
 import socket
@@ -34,7 +35,8 @@ class RemoteError(Exception):
     """A failure talking to a node, worded for an operator.
 
     ``kind`` is one of: ``unreachable``, ``timeout``, ``auth``, ``host_key_unknown``,
-    ``host_key_mismatch``, ``command_failed``, ``bad_key``. ``permanent`` says whether retrying
+    ``host_key_mismatch``, ``command_failed``, ``bad_key``, ``refused`` (a port on the node has
+    no listener). ``permanent`` says whether retrying
     without a change can help. ``exit_status`` and ``stderr_tail`` are set for
     ``command_failed``.
     """
@@ -359,6 +361,86 @@ def _drain(channel: paramiko.Channel, timeout: float) -> tuple[bytes, bytes]:
                 raise TimeoutError
             time.sleep(0.005)
     return bytes(out), bytes(err)
+
+
+class Stream:
+    """The output of a long-running remote command (``tail -F``), read as it arrives."""
+
+    def __init__(self, channel: paramiko.Channel) -> None:
+        self._channel = channel
+
+    def read(self, timeout: float) -> bytes | None:
+        """Bytes that arrived within ``timeout`` s (``b""`` if none); ``None`` once the command
+        ended. Raises ``RemoteError`` when the connection broke."""
+        try:
+            self._channel.settimeout(timeout)
+            data: bytes = self._channel.recv(1 << 20)
+        except TimeoutError:
+            return b""
+        except (paramiko.SSHException, OSError, EOFError) as exc:
+            raise RemoteError("unreachable", f"the log stream broke: {exc}") from None
+        return data if data else None
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def stream(client: paramiko.SSHClient, argv: list[str]) -> Stream:
+    """Start ``argv`` on the node and return its stdout as a ``Stream`` (stderr is dropped)."""
+    try:
+        channel = client.get_transport().open_session(timeout=COMMAND_TIMEOUT_S)  # type: ignore[union-attr]
+        channel.set_combine_stderr(False)
+        channel.exec_command(quote(argv))
+        channel.shutdown_write()
+    except (paramiko.SSHException, OSError, EOFError) as exc:
+        raise RemoteError("unreachable", f"could not start {argv[0]}: {exc}") from None
+    return Stream(channel)
+
+
+class _ChannelHTTPConnection(http.client.HTTPConnection):
+    """HTTP to a port on the node's loopback, through the SSH connection (direct-tcpip)."""
+
+    def __init__(self, transport: paramiko.Transport, port: int, timeout: float) -> None:
+        super().__init__("127.0.0.1", port, timeout=timeout)
+        self._transport = transport
+
+    def connect(self) -> None:
+        channel = self._transport.open_channel(
+            "direct-tcpip", ("127.0.0.1", self.port), ("127.0.0.1", 0), timeout=self.timeout
+        )
+        channel.settimeout(self.timeout)
+        self.sock = channel
+
+
+def http_get(
+    client: paramiko.SSHClient,
+    port: int,
+    path: str,
+    *,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> tuple[int, bytes]:
+    """``GET http://127.0.0.1:PORT/PATH`` as seen from the node, so the port need not be open to
+    the panel. Returns (status, body); raises ``RemoteError`` (``refused`` when nothing listens,
+    ``timeout``, ``unreachable``)."""
+    transport = client.get_transport()
+    if transport is None or not transport.is_active():
+        raise RemoteError("unreachable", "the SSH connection is closed")
+    connection = _ChannelHTTPConnection(transport, port, timeout)
+    try:
+        connection.request("GET", path, headers=headers or {})
+        response = connection.getresponse()
+        return response.status, response.read(4 << 20)
+    except paramiko.ChannelException as exc:
+        raise RemoteError("refused", f"nothing answers on port {port}: {exc}") from None
+    except TimeoutError:
+        raise RemoteError(
+            "timeout", f"port {port} did not answer {path} in {timeout:g} s"
+        ) from None
+    except (paramiko.SSHException, OSError, EOFError, http.client.HTTPException) as exc:
+        raise RemoteError("unreachable", f"{path} on port {port} failed: {exc}") from None
+    finally:
+        connection.close()
 
 
 class Pool:

@@ -1,13 +1,19 @@
-"""Celery tasks: take ids, call one service, own retries and time limits."""
+"""Celery tasks: take ids, call one service, own retries and time limits.
+
+Long-lived work (following a launch's log and health) runs on the ``streams`` queue, served by
+a thread-pool worker, so it never holds a slot that heartbeats, stops and cleanups need.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from celery import shared_task
+from celery.signals import worker_ready
+from django.conf import settings
 
 from nodes import ssh
-from nodes.services import discovery
+from nodes.services import discovery, follower, launches
 
 
 @shared_task(name="nodes.discover_node", soft_time_limit=150, time_limit=180)
@@ -23,3 +29,53 @@ def discover_node(node_id: int) -> dict[str, Any]:
 def heartbeat() -> int:
     """Refresh every node's live state; returns how many nodes answered."""
     return sum(o.facts is not None for o in discovery.heartbeat_sweep())
+
+
+@shared_task(name="nodes.start_launch", soft_time_limit=600, time_limit=660)
+def start_launch(launch_id: int) -> None:
+    """Pre-flight a launch on its node and start the server if nothing blocks it."""
+    launches.start(launch_id)
+
+
+# A server runs for days: the global time limit must not cut its follower. The message is acked
+# on receipt; a follower lost with its worker is replaced by the reconciler, not by redelivery.
+FOLLOW_LIMIT_S = 365 * 24 * 3600
+
+
+@shared_task(
+    name="nodes.follow_launch",
+    time_limit=FOLLOW_LIMIT_S,
+    soft_time_limit=FOLLOW_LIMIT_S,
+    acks_late=False,
+)
+def follow_launch(launch_id: int) -> None:
+    """Follow a launch until it ended and every log line is stored (hours or days)."""
+    follower.follow(launch_id)
+
+
+@shared_task(name="nodes.stop_launch", soft_time_limit=300, time_limit=360)
+def stop_launch(launch_id: int, actor_id: int | None = None) -> dict[str, Any]:
+    """Stop a launch for the user ``actor_id``; what did not come back."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import AnonymousUser
+
+    user = get_user_model().objects.filter(pk=actor_id).first() if actor_id else None
+    outcome = launches.stop(launch_id, actor=user or AnonymousUser())
+    return {
+        "status": outcome.launch.status,
+        "remaining": outcome.remaining,
+        "held_gpus": {str(k): v for k, v in outcome.held_gpus.items()},
+        "error": outcome.error,
+    }
+
+
+@shared_task(name="nodes.reconcile_launches", soft_time_limit=60, time_limit=90, expires=60)
+def reconcile_launches() -> int:
+    """Re-adopt launches whose worker died; returns how many were handed to a new one."""
+    return launches.reconcile()
+
+
+@worker_ready.connect
+def _reconcile_after_start(sender: Any = None, **_: Any) -> None:
+    # A killed worker's leases go stale after the lease time; look once they have.
+    reconcile_launches.apply_async(countdown=settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 1)

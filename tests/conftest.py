@@ -166,3 +166,26 @@ def operator_client(operator) -> Client:
 @pytest.fixture
 def admin_client_(admin_user) -> Client:
     return _client_for(admin_user)
+
+
+def database_url(settings) -> str:
+    """The test database as a DATABASE_URL, for subprocesses (CLI, workers, the panel)."""
+    db = settings.DATABASES["default"]
+    if db["ENGINE"].endswith("sqlite3"):
+        return f"sqlite:///{db['NAME']}"
+    return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def launch_workers(settings, transactional_db, celery_app_for_tests):
+    """Real Celery workers in their own processes, as `./run` starts them (a `default` queue
+    worker and a thread-pool `streams` worker), on the test database and broker; they can be
+    killed and restarted."""
+    from tests.workers import Workers
+
+    workers = Workers(database_url(settings), TEST_REDIS_URL)
+    workers.start()
+    try:
+        yield workers
+    finally:
+        workers.stop()

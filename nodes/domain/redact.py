@@ -40,3 +40,22 @@ def redact_args(args: list[str]) -> list[str]:
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """Values of variables whose names look secret (``HF_TOKEN``, ``*_API_KEY``…) masked."""
     return {k: MASK if any(w in k.upper() for w in SECRET_WORDS) else v for k, v in env.items()}
+
+
+def secret_values(args: list[str], env: dict[str, str]) -> list[str]:
+    """The secret strings of a command: values of secret flags and of secret variables, longest
+    first, so a log line that echoes one can be masked (``mask_text``)."""
+    found: list[str] = []
+    for shown, real in zip(redact_args(args), args, strict=True):
+        if shown != real:
+            found.append(real.split("=", 1)[1] if shown.endswith("=" + MASK) else real)
+    found += [v for k, v in env.items() if redact_env({k: v})[k] == MASK]
+    return sorted({v for v in found if len(v) >= 4}, key=len, reverse=True)
+
+
+def mask_text(text: str, secrets: list[str]) -> str:
+    """``text`` with every occurrence of each secret replaced by ``****``."""
+    for secret in secrets:
+        if secret in text:
+            text = text.replace(secret, MASK)
+    return text

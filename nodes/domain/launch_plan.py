@@ -1,0 +1,234 @@
+"""What a launch needs and whether the node can give it now: ranks, GPUs, ports, environment,
+and the pre-flight checks, each with its numbers.
+
+The checks' ``name`` is what an operator passes to ``--override`` to launch despite a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from nodes.domain.budget import BudgetReport
+from nodes.domain.sglang_flags import ParsedCommand
+from nodes.domain.units import GiB, format_bytes
+
+#: A GPU counts as idle below this much used memory (the driver itself holds a few MiB).
+IDLE_GPU_BYTES = 1 * GiB
+#: With more than one rank, NCCL moves data through /dev/shm; Docker's 64 MiB default breaks it.
+MIN_SHM_BYTES = 1 * GiB
+#: SGLang's fixed offset of its ZMQ TCP port with DP attention (``ZMQ_TCP_PORT_DELTA``, §1b).
+ZMQ_TCP_PORT_DELTA = 233
+DEFAULT_PORT = 30000
+
+CHECK_NAMES: tuple[str, ...] = (
+    "reservation",
+    "sglang",
+    "budget",
+    "gpus_idle",
+    "ports_free",
+    "model_path",
+    "shm",
+)
+#: Checks no override can pass: two launches never share GPUs or ports.
+NOT_OVERRIDABLE = frozenset({"reservation"})
+
+
+class PlanError(ValueError):
+    """The launch cannot be planned as asked (unusable input); the message says why."""
+
+
+@dataclass
+class Check:
+    """One pre-flight check: passed or not, with its numbers; ``override`` is the reason an
+    operator gave to launch despite its failure."""
+
+    name: str
+    passed: bool
+    detail: str
+    override: str = ""
+
+    @property
+    def blocks(self) -> bool:
+        return not self.passed and not self.override
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def ranks_needed(flags: ParsedCommand) -> int:
+    """GPUs one node of this command uses: tp × pp (× dp without DP attention) / nnodes.
+
+    Raises ``PlanError`` for multi-node commands (not launched by Rankwise yet).
+    """
+    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
+    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
+    dp = int(flags.get("dp_size", "data_parallel_size", default=1))
+    nnodes = int(flags.get("nnodes", default=1))
+    if nnodes != 1:
+        raise PlanError(f"--nnodes {nnodes}: multi-node launches are not supported yet")
+    if tp < 1 or pp < 1 or dp < 1:
+        raise PlanError("tp, pp and dp sizes must be at least 1")
+    attention_dp = bool(flags.get("enable_dp_attention", default=False))
+    return tp * pp * (1 if attention_dp else dp)
+
+
+def server_port(flags: ParsedCommand) -> int:
+    return int(flags.get("port", default=DEFAULT_PORT))
+
+
+def ports_needed(flags: ParsedCommand) -> list[int]:
+    """The HTTP port and the ports SGLang derives from it or is told to use (§1b)."""
+    port = server_port(flags)
+    ports = [port]
+    nccl = flags.get("nccl_port")
+    if nccl:
+        ports.append(int(nccl))
+    if flags.get("enable_dp_attention", default=False):
+        ports.append(port + ZMQ_TCP_PORT_DELTA)
+    return sorted(set(ports))
+
+
+def choose_gpus(
+    indexes: Iterable[int], unavailable: Iterable[int], count: int, wanted: Sequence[int] | None
+) -> list[int]:
+    """The GPUs to use: ``wanted`` as given (checked), else the first ``count`` available.
+
+    Raises ``PlanError`` when the node lacks them.
+    """
+    present = sorted(indexes)
+    if wanted:
+        chosen = list(dict.fromkeys(wanted))
+        missing = [g for g in chosen if g not in present]
+        if missing:
+            raise PlanError(f"the node has no GPU {', '.join(map(str, missing))}")
+        if len(chosen) != count:
+            raise PlanError(
+                f"the command runs {count} rank(s) on this node, so it needs {count} GPU(s); "
+                f"{len(chosen)} chosen"
+            )
+        return chosen
+    busy = set(unavailable)
+    free = [g for g in present if g not in busy]
+    if len(free) < count:
+        raise PlanError(
+            f"the command needs {count} GPU(s); the node has {len(free)} free of {len(present)}"
+        )
+    return free[:count]
+
+
+def launch_env(env: dict[str, str], gpus: Sequence[int]) -> dict[str, str]:
+    """The server's environment: the profile's, with CUDA_VISIBLE_DEVICES set to the GPUs
+    reserved (SGLang numbers its ranks' devices from 0 inside that list)."""
+    return {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+
+
+def check_budget(report: BudgetReport) -> Check:
+    blocks = [m.text for m in report.messages if m.level == "block"]
+    warns = [m.text for m in report.messages if m.level == "warn"]
+    if blocks:
+        return Check("budget", False, "; ".join(blocks))
+    parts = []
+    if report.host_pool_bytes_per_node:
+        parts.append(
+            f"host pool {format_bytes(report.host_pool_bytes_per_node, 'GB')} per node"
+            + (
+                f" within {format_bytes(report.host_budget_bytes, 'GB')} available"
+                if report.host_budget_bytes
+                else ""
+            )
+        )
+    if report.device_kv_tokens_per_rank:
+        parts.append(f"device KV pool {report.device_kv_tokens_per_rank:,} tokens per rank")
+    detail = "; ".join(parts) or "fits"
+    if warns:
+        detail += " — warning: " + "; ".join(warns)
+    return Check("budget", True, detail)
+
+
+@dataclass(frozen=True)
+class GpuNow:
+    """A GPU as a probe just read it: memory used in bytes and its processes (pid, name)."""
+
+    index: int
+    memory_used_bytes: int
+    processes: tuple[tuple[int, str], ...] = ()
+
+
+def check_gpus_idle(gpus: Sequence[GpuNow], chosen: Sequence[int]) -> Check:
+    by_index = {g.index: g for g in gpus}
+    problems = []
+    for index in chosen:
+        gpu = by_index.get(index)
+        if gpu is None:
+            problems.append(f"GPU {index} was not found by the probe")
+            continue
+        if gpu.processes:
+            pids = ", ".join(f"PID {pid} ({name})" for pid, name in gpu.processes)
+            problems.append(
+                f"GPU {index} is used by {pids}: {format_bytes(gpu.memory_used_bytes, 'GiB')} held"
+            )
+        elif gpu.memory_used_bytes > IDLE_GPU_BYTES:
+            problems.append(
+                f"GPU {index} has {format_bytes(gpu.memory_used_bytes, 'GiB')} used with no "
+                "process (held memory; clean up first)"
+            )
+    if problems:
+        return Check("gpus_idle", False, "; ".join(problems))
+    return Check("gpus_idle", True, f"GPU {', '.join(map(str, chosen))} idle")
+
+
+def check_ports(needed: Sequence[int], listening: Iterable[int]) -> Check:
+    taken = sorted(set(needed) & set(listening))
+    if taken:
+        return Check(
+            "ports_free",
+            False,
+            f"port {', '.join(map(str, taken))} already has a listener on the node",
+        )
+    return Check("ports_free", True, f"port {', '.join(map(str, needed))} free")
+
+
+def check_model(model_path: str, found: bool | None, detail: str) -> Check:
+    if found is None:
+        return Check("model_path", True, f"{model_path}: {detail}")
+    if not found:
+        return Check("model_path", False, f"{model_path}: {detail}")
+    return Check("model_path", True, f"{model_path}/config.json present")
+
+
+def check_shm(shm_bytes: int | None, ranks: int) -> Check:
+    if shm_bytes is None:
+        return Check("shm", ranks == 1, "/dev/shm size unknown")
+    size = format_bytes(shm_bytes, "GiB")
+    if ranks > 1 and shm_bytes < MIN_SHM_BYTES:
+        return Check(
+            "shm",
+            False,
+            f"/dev/shm is {size}; {ranks} ranks need at least {format_bytes(MIN_SHM_BYTES, 'GiB')}"
+            " for NCCL",
+        )
+    return Check("shm", True, f"/dev/shm {size}")
+
+
+def check_sglang(version: str | None, problem: str | None, flags: ParsedCommand) -> Check:
+    if not version:
+        return Check("sglang", False, problem or "SGLang was not found by the node's interpreter")
+    issues = [i.message for i in flags.issues]
+    if issues:
+        return Check("sglang", False, f"SGLang {version} refuses: " + "; ".join(issues))
+    return Check("sglang", True, f"SGLang {version} accepts every flag")
+
+
+def apply_overrides(checks: list[Check], overrides: dict[str, str]) -> list[Check]:
+    """Mark failed checks named in ``overrides`` (name → reason) as overridden."""
+    for check in checks:
+        reason = overrides.get(check.name, "")
+        if reason and not check.passed and check.name not in NOT_OVERRIDABLE:
+            check.override = reason
+    return checks
+
+
+def unknown_overrides(overrides: Iterable[str]) -> list[str]:
+    return [name for name in overrides if name not in CHECK_NAMES or name in NOT_OVERRIDABLE]

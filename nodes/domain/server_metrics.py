@@ -1,0 +1,90 @@
+"""What the panel shows of a running server: its effective settings from ``/get_server_info``
+(``/server_info`` 0.5.9+) and the load gauges from ``/metrics`` (with ``--enable-metrics``).
+
+Sources: shared/reference/sglang.md §5 (``http_server.py``; gauges of ``metrics/collector.py``
+@0.5.2 and ``observability/metrics_collector.py`` @0.5.23, one sample per scheduler rank).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+#: Settings kept from the server's answer (the rest of the flat JSON is every server arg).
+KEPT = (
+    "version",
+    "model_path",
+    "tp_size",
+    "pp_size",
+    "dp_size",
+    "port",
+    "mem_fraction_static",
+    "max_total_num_tokens",
+    "max_req_input_len",
+    "context_length",
+    "enable_hierarchical_cache",
+    "hicache_size",
+    "hicache_ratio",
+    "kv_cache_dtype",
+    "page_size",
+    "chunked_prefill_size",
+    "max_running_requests",
+    "enable_metrics",
+)
+
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+
+
+class ServerInfoError(ValueError):
+    """The answer is not the JSON object SGLang sends."""
+
+
+def effective_settings(body: bytes) -> dict[str, Any]:
+    """The kept settings from a ``/get_server_info`` body, plus ``memory_usage`` (GB, as the
+    server reports it) from its first ``internal_states`` entry. Raises ``ServerInfoError``."""
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        raise ServerInfoError("the server info is not JSON") from None
+    if not isinstance(doc, dict):
+        raise ServerInfoError("the server info is not a JSON object")
+    kept = {key: doc[key] for key in KEPT if key in doc}
+    states = doc.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        usage = states[0].get("memory_usage")
+        if isinstance(usage, dict):
+            kept["memory_usage"] = usage
+        if "max_total_num_tokens" not in kept and "max_total_num_tokens" in states[0]:
+            kept["max_total_num_tokens"] = states[0]["max_total_num_tokens"]
+    return kept
+
+
+def summarise_metrics(text: str) -> dict[str, float]:
+    """Load figures from Prometheus text: ``token_usage`` (highest rank, fraction of the KV pool),
+    ``num_running_reqs`` and ``num_queue_reqs`` (rank 0: every TP rank sees the same batch),
+    ``gen_throughput`` (tokens/s, rank 0)."""
+    wanted = {"token_usage": max, "num_running_reqs": None, "num_queue_reqs": None}
+    wanted["gen_throughput"] = None
+    found: dict[str, list[tuple[str, float]]] = {}
+    for line in text.splitlines():
+        match = _SAMPLE.match(line)
+        if match is None or not match["name"].startswith("sglang:"):
+            continue
+        name = match["name"].removeprefix("sglang:")
+        if name not in wanted:
+            continue
+        try:
+            value = float(match["value"])
+        except ValueError:
+            continue
+        rank = re.search(r'tp_rank="(\d+)"', match["labels"] or "")
+        found.setdefault(name, []).append((rank.group(1) if rank else "0", value))
+    summary: dict[str, float] = {}
+    for name, samples in found.items():
+        if wanted[name] is max:
+            summary[name] = max(v for _, v in samples)
+        else:
+            first = [v for r, v in samples if r == "0"] or [samples[0][1]]
+            summary[name] = first[0]
+    return summary

@@ -1,0 +1,379 @@
+"""Follow one launch for as long as it runs: store its log lines, move its phase, mark it ready
+when it answers, watch its health, and notice when it dies or its node goes away.
+
+One follower per launch holds a lease (``worker_token``/``worker_beat`` on the row); a follower
+whose worker died is replaced by the reconciler once the lease is stale. Lines are stored with
+the byte offset they end at in one conditional update, so two followers can never both store
+the same bytes, and a new one continues exactly where the record ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from datetime import timedelta
+from typing import Any
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.choices import LAUNCH_ENDED, LaunchStatus
+from nodes.domain.logparse import Progress, advance
+from nodes.domain.logtext import LineSplitter, Piece
+from nodes.domain.redact import mask_text, secret_values
+from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
+from nodes.models import Launch, LaunchLogLine
+from nodes.services import launches
+from nodes.services.credentials import target_for
+
+log = logging.getLogger(__name__)
+HEAD_LINES_KEPT = 1000
+STATUS_EVERY_S = 1.0
+HEALTH_FAILURES_TOLERATED = 3
+HEALTH_TIMEOUT_S = 25.0  # SGLang's /health waits up to 20 s for a generation (§5)
+_redis: redis.Redis | None = None
+
+
+class LeaseLost(Exception):
+    """Another follower took the launch over; this one stops without writing."""
+
+
+def channel(launch_id: int) -> str:
+    return f"rankwise:launch:{launch_id}"
+
+
+def notify(launch_id: int, seq: int) -> None:
+    """Tell live viewers that lines up to ``seq`` are stored. Redis being down only makes the
+    viewers fall back to reading the database on a timer."""
+    global _redis
+    try:
+        if _redis is None:
+            _redis = redis.Redis.from_url(
+                settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1
+            )
+        _redis.publish(channel(launch_id), str(seq))
+    except redis.RedisError:
+        _redis = None
+
+
+def follow(launch_id: int) -> None:
+    Follower(launch_id).run()
+
+
+class Follower:
+    def __init__(self, launch_id: int) -> None:
+        self.launch_id = launch_id
+        self.token = secrets.token_hex(8)
+        self.down_since: float | None = None
+
+    # --- lease -----------------------------------------------------------------------------
+
+    def _beat(self) -> Launch:
+        """Renew the lease and return the launch as stored; raises ``LeaseLost``."""
+        if not Launch.objects.filter(pk=self.launch_id, worker_token=self.token).update(
+            worker_beat=timezone.now()
+        ):
+            raise LeaseLost
+        return Launch.objects.select_related("node", "revision").get(pk=self.launch_id)
+
+    def run(self) -> None:
+        if not launches.claim(self.launch_id, self.token, tuple(LaunchStatus)):
+            return
+        try:
+            while True:
+                launch = self._beat()
+                if launch.log_complete or not launch.remote_dir or launch.pid is None:
+                    return
+                try:
+                    self._session(launch)
+                    return
+                except ssh.RemoteError as exc:
+                    self._unreachable(launch, exc)
+        except LeaseLost:
+            return
+        finally:
+            Launch.objects.filter(pk=self.launch_id, worker_token=self.token).update(
+                worker_token="", worker_beat=None
+            )
+
+    # --- the node is away --------------------------------------------------------------------
+
+    def _unreachable(self, launch: Launch, exc: ssh.RemoteError) -> None:
+        now = time.monotonic()
+        if self.down_since is None:
+            self.down_since = now
+            log.info("launch %s: %s unreachable: %s", launch.pk, launch.node.name, exc.message)
+        away = now - self.down_since
+        if away >= settings.RANKWISE_LOST_AFTER_SECONDS and launch.status not in LAUNCH_ENDED:
+            Launch.objects.filter(
+                pk=launch.pk,
+                status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
+            ).update(
+                status=LaunchStatus.LOST,
+                resume_status=launch.status,
+                lost_since=timezone.now(),
+                reason=f"{launch.node.name} has not answered for {away:.0f} s: {exc.message}",
+            )
+        if launch.status in LAUNCH_ENDED and away > 600:
+            # An ended launch whose node never came back: what was stored is all there is.
+            Launch.objects.filter(pk=launch.pk).update(log_complete=True)
+            raise LeaseLost
+        time.sleep(min(5.0, 1.0 + away / 10))
+
+    def _back(self, launch: Launch) -> Launch:
+        """The node answers again: a lost launch resumes the status it had."""
+        self.down_since = None
+        if launch.status == LaunchStatus.LOST:
+            Launch.objects.filter(pk=launch.pk, status=LaunchStatus.LOST).update(
+                status=launch.resume_status or LaunchStatus.STARTING,
+                lost_since=None,
+                reason=f"{launch.node.name} answers again; following resumed",
+            )
+            launch = self._beat()
+        return launch
+
+    # --- one connection's worth of following --------------------------------------------------
+
+    def _session(self, launch: Launch) -> None:
+        client = ssh.connect(target_for(launch.node))
+        try:
+            self._follow(launch, client)
+        finally:
+            client.close()
+
+    def _follow(self, launch: Launch, client: Any) -> None:
+        status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
+        launch = self._back(launch)
+        self.offset, self.seq = launch.log_offset, launch.last_seq
+        self.secrets = secret_values(list(launch.revision.args), dict(launch.revision.env or {}))
+        self.progress = Progress.from_json(launch.progress)
+        self.health_failures = 0
+        splitter = LineSplitter()
+        stream = ssh.stream(client, ["tail", "-c", f"+{self.offset + 1}", "-F", status["log"]])
+        next_check = 0.0
+        next_health = 0.0
+        quiet_since = time.monotonic()
+        try:
+            while True:
+                data = stream.read(0.1)
+                if data is None:
+                    raise ssh.RemoteError("unreachable", "the log stream ended")
+                if data:
+                    quiet_since = time.monotonic()
+                    self._store(launch, splitter.feed(data))
+                    if advance(self.progress, splitter.pending, partial=True):
+                        self._save_progress(launch)
+                now = time.monotonic()
+                if now < next_check:
+                    continue
+                next_check = now + STATUS_EVERY_S
+                launch = self._beat()
+                status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
+                if not status["alive"]:
+                    if not self._drained(launch, status, splitter, quiet_since):
+                        continue
+                    self._ended(launch, status)
+                    return
+                if launch.status in LAUNCH_ENDED:
+                    continue  # a stop or a failure is taking the group down; keep reading
+                if launch.status in (LaunchStatus.STARTING, LaunchStatus.LOADING):
+                    if self._started_too_long(launch):
+                        launches.fail(
+                            launch.pk,
+                            f"start-up did not reach ready within {launch.startup_timeout_s} s "
+                            f"(last phase: {self.progress.phase or 'none'})",
+                        )
+                    elif self.progress.ready_line_seen:
+                        self._try_ready(launch, client)
+                elif launch.status == LaunchStatus.READY and now >= next_health:
+                    next_health = now + settings.RANKWISE_HEALTH_SECONDS
+                    self._health(launch, client)
+        finally:
+            stream.close()
+
+    def _drained(
+        self, launch: Launch, status: dict[str, Any], splitter: LineSplitter, quiet_since: float
+    ) -> bool:
+        """Every byte the dead server wrote is stored (a last line without ``\\n`` included)."""
+        size = status.get("log_size") or 0
+        if self.offset >= size:
+            return True
+        if time.monotonic() - quiet_since < 1.0:
+            return False
+        rest = size - self.offset
+        tail = splitter.feed(b"\n")
+        if tail:
+            self._store(launch, [Piece(tail[0].text, rest)])
+        return self.offset >= size
+
+    def _ended(self, launch: Launch, status: dict[str, Any]) -> None:
+        """The process group is gone and every line is stored."""
+        launch.refresh_from_db()
+        if launch.status not in LAUNCH_ENDED and launch.status != LaunchStatus.STOPPING:
+            code = status.get("exit_status")
+            launches.fail(
+                launch.pk,
+                f"the server exited with status {code}"
+                if code is not None
+                else "the server's processes are gone",
+            )
+        Launch.objects.filter(pk=launch.pk, worker_token=self.token).update(log_complete=True)
+        if launch.lines_dropped:
+            self._archive(launch)
+
+    def _started_too_long(self, launch: Launch) -> bool:
+        started = launch.started or launch.created
+        return timezone.now() > started + timedelta(seconds=launch.startup_timeout_s)
+
+    # --- lines -----------------------------------------------------------------------------------
+
+    def _store(self, launch: Launch, pieces: list[Piece]) -> None:
+        if not pieces:
+            return
+        size = sum(p.size for p in pieces)
+        texts = [mask_text(p.text, self.secrets) for p in pieces if p.text is not None]
+        rows = [
+            LaunchLogLine(launch_id=self.launch_id, seq=self.seq + i + 1, text=t)
+            for i, t in enumerate(texts)
+        ]
+        changed = any([advance(self.progress, t) for t in texts])
+        with transaction.atomic():
+            fields: dict[str, Any] = {
+                "log_offset": self.offset + size,
+                "last_seq": self.seq + len(rows),
+                "worker_beat": timezone.now(),
+            }
+            if changed:
+                fields["progress"] = self.progress.to_json()
+            if not Launch.objects.filter(
+                pk=self.launch_id, worker_token=self.token, log_offset=self.offset
+            ).update(**fields):
+                raise LeaseLost
+            LaunchLogLine.objects.bulk_create(rows)
+            dropped = self._trim(self.seq + len(rows))
+            if dropped:
+                Launch.objects.filter(pk=self.launch_id).update(
+                    lines_dropped=launch.lines_dropped + dropped
+                )
+                launch.lines_dropped += dropped
+        self.offset += size
+        self.seq += len(rows)
+        if changed:
+            self._loading(launch)
+        if rows:
+            notify(self.launch_id, self.seq)
+
+    def _trim(self, last: int) -> int:
+        keep = settings.RANKWISE_LOG_LINES_MAX
+        if last <= keep:
+            return 0
+        deleted, _ = LaunchLogLine.objects.filter(
+            launch_id=self.launch_id,
+            seq__gt=HEAD_LINES_KEPT,
+            seq__lte=last - (keep - HEAD_LINES_KEPT),
+        ).delete()
+        return deleted
+
+    def _save_progress(self, launch: Launch) -> None:
+        Launch.objects.filter(pk=self.launch_id).update(progress=self.progress.to_json())
+        self._loading(launch)
+        notify(self.launch_id, self.seq)
+
+    def _loading(self, launch: Launch) -> None:
+        if self.progress.phase:
+            Launch.objects.filter(pk=self.launch_id, status=LaunchStatus.STARTING).update(
+                status=LaunchStatus.LOADING
+            )
+
+    def _archive(self, launch: Launch) -> None:
+        """Keep the whole log with the launch, since the database kept only part of it."""
+        import gzip
+
+        try:
+            with ssh.pool.session(target_for(launch.node)) as client:
+                stream = ssh.stream(client, ["cat", f"{launch.remote_dir}/server.log"])
+                chunks = []
+                while (chunk := stream.read(30)) is not None:
+                    chunks.append(chunk)
+        except ssh.RemoteError as exc:
+            log.warning("launch %s: log not archived: %s", launch.pk, exc.message)
+            return
+        Launch.objects.filter(pk=launch.pk).update(log_archive=gzip.compress(b"".join(chunks)))
+
+    # --- health ----------------------------------------------------------------------------------
+
+    def _headers(self, launch: Launch) -> dict[str, str]:
+        flags = launches.flags_for(launch.revision, launch.node)
+        key = flags.get("api_key")
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
+    def _try_ready(self, launch: Launch, client: Any) -> None:
+        """Ready only when /health answers 200 and the server says what it runs with."""
+        try:
+            status, _ = ssh.http_get(client, launch.port, "/health", timeout=HEALTH_TIMEOUT_S)
+            if status != 200:
+                return
+            info = self._server_info(launch, client)
+        except ssh.RemoteError as exc:
+            if exc.kind in ("refused", "timeout"):
+                return
+            raise
+        fields: dict[str, Any] = {
+            "status": LaunchStatus.READY,
+            "ready_at": timezone.now(),
+            "health_at": timezone.now(),
+            "server_info": info,
+            "reason": "",
+        }
+        metrics = self._metrics(launch, client)
+        if metrics is not None:
+            fields["metrics"] = metrics
+        Launch.objects.filter(
+            pk=launch.pk, status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING]
+        ).update(**fields)
+        notify(self.launch_id, self.seq)
+
+    def _server_info(self, launch: Launch, client: Any) -> dict[str, Any]:
+        for path in ("/get_server_info", "/server_info"):
+            status, body = ssh.http_get(client, launch.port, path, headers=self._headers(launch))
+            if status == 200:
+                try:
+                    return effective_settings(body)
+                except ServerInfoError as exc:
+                    return {"error": str(exc)}
+        return {"error": f"/get_server_info answered {status}"}
+
+    def _metrics(self, launch: Launch, client: Any) -> dict[str, float] | None:
+        if not launches.flags_for(launch.revision, launch.node).get("enable_metrics"):
+            return None
+        try:
+            status, body = ssh.http_get(client, launch.port, "/metrics", timeout=10)
+        except ssh.RemoteError:
+            return None
+        return summarise_metrics(body.decode(errors="replace")) if status == 200 else None
+
+    def _health(self, launch: Launch, client: Any) -> None:
+        try:
+            status, _ = ssh.http_get(client, launch.port, "/health", timeout=HEALTH_TIMEOUT_S)
+            problem = "" if status == 200 else f"/health answered {status}"
+        except ssh.RemoteError as exc:
+            if exc.kind == "unreachable":
+                raise
+            problem = exc.message
+        if not problem:
+            self.health_failures = 0
+            fields: dict[str, Any] = {"health_at": timezone.now()}
+            metrics = self._metrics(launch, client)
+            if metrics is not None:
+                fields["metrics"] = metrics
+            Launch.objects.filter(pk=launch.pk).update(**fields)
+            return
+        self.health_failures += 1
+        if self.health_failures >= HEALTH_FAILURES_TOLERATED:
+            launches.fail(
+                launch.pk, f"health check failed {self.health_failures} times in a row: {problem}"
+            )

@@ -1,0 +1,569 @@
+"""Launches: reserve atomically, pre-flight on the node, start detached over SSH, stop, fail with
+a memory snapshot, and re-adopt launches after the panel's own faults.
+
+Following the log and watching health is ``nodes.services.follower``; this module holds the
+steps that change what runs on a node, each safe to repeat: a restarted worker re-runs a step
+and finds what the previous attempt did (the node-side folder, the conditional status updates).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets as pysecrets
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.http import HttpRequest
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.audit import record
+from nodes.choices import LAUNCH_ACTIVE, LAUNCH_ENDED, LAUNCH_RUNNING, LaunchStatus, NodeStatus
+from nodes.domain import launch_plan as plan
+from nodes.domain.budget import BudgetReport, NodeMemory, check
+from nodes.domain.probe_parse import NodeFacts
+from nodes.domain.redact import redact_args, redact_env
+from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
+from nodes.flag_tables import table
+from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
+from nodes.services import discovery
+from nodes.services.credentials import target_for
+from nodes.services.profiles import DEFAULT_VERSION, model_facts
+
+log = logging.getLogger(__name__)
+Actor = AbstractBaseUser | AnonymousUser
+LAUNCHCTL = (Path(__file__).resolve().parent.parent / "remote" / "launchctl.py").read_text()
+REMOTE_ROOT = "~/.rankwise/launches"
+
+
+class LaunchInputError(ValueError):
+    """The launch cannot be made as asked; the message is for the operator."""
+
+
+def ctl(client: Any, *args: str, stdin: bytes | None = None, timeout: float = 60) -> dict[str, Any]:
+    """Run a ``launchctl`` command on the node; its JSON answer. Raises ``ssh.RemoteError``."""
+    result = ssh.run(client, ["python3", "-c", LAUNCHCTL, *args], stdin=stdin, timeout=timeout)
+    try:
+        doc: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ssh.RemoteError("command_failed", "launch control printed no answer") from None
+    return doc
+
+
+def flags_for(revision: ProfileRevision, node: Node) -> ParsedCommand:
+    flags = parse_command(list(revision.args), table(node.sglang_version or DEFAULT_VERSION))
+    flags.env = dict(revision.env or {})
+    return flags
+
+
+# --- creating a launch ---------------------------------------------------------------------
+
+
+def resolve_profile(spec: str) -> ProfileRevision:
+    """``NAME`` (latest revision) or ``NAME@REV``; raises ``LaunchInputError``."""
+    name, _, number = spec.partition("@")
+    profile = LaunchProfile.objects.filter(name=name).first()
+    if profile is None:
+        raise LaunchInputError(f"no profile named {name!r}")
+    if number:
+        if not number.isdigit():
+            raise LaunchInputError(f"{spec!r}: the revision after @ must be a number")
+        revision = profile.revisions.filter(number=int(number)).first()
+        if revision is None:
+            raise LaunchInputError(f"profile {name!r} has no revision {number}")
+        return revision
+    latest = profile.latest()
+    if latest is None:
+        raise LaunchInputError(f"profile {name!r} has no revisions")
+    return latest
+
+
+def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> ProfileRevision:
+    """Store a raw command line as a one-off profile revision (``adhoc``), with its budget.
+
+    Raises ``LaunchInputError`` when the text is not an SGLang launch command.
+    """
+    try:
+        args, env = split_command(command)
+    except ValueError as exc:
+        raise LaunchInputError(str(exc)) from None
+    if not args:
+        raise LaunchInputError("the command has no flags: give at least --model-path")
+    version = node.sglang_version or DEFAULT_VERSION
+    flags = parse_command(args, table(version))
+    model = model_facts(node, str(flags.get("model_path", default="") or ""))
+    flags.env = env
+    from nodes.services.profiles import node_memory
+
+    report = check(
+        flags,
+        node_memory(node),
+        version=version,
+        geometry=model.geometry,
+        weights_bytes=model.weights_bytes,
+    )
+    author = actor.get_username() if actor.is_authenticated else "cli"
+    with transaction.atomic():
+        profile = LaunchProfile.objects.create(
+            name=f"ad-hoc {timezone.now():%Y%m%d-%H%M%S}-{pysecrets.token_hex(3)}",
+            created_by=author,
+            adhoc=True,
+        )
+        return ProfileRevision.objects.create(
+            profile=profile,
+            number=1,
+            args=args,
+            env=env,
+            message="ad-hoc command line",
+            author=author,
+            node=node,
+            sglang_version=version,
+            verdict=report.verdict,
+            report=report.to_json(),
+            geometry_source=model.source,
+        )
+
+
+def create(
+    *,
+    node: Node,
+    revision: ProfileRevision,
+    actor: Actor,
+    gpus: list[int] | None = None,
+    overrides: dict[str, str] | None = None,
+    timeout_s: int | None = None,
+    request: HttpRequest | None = None,
+) -> Launch:
+    """Reserve GPUs and port and queue the launch; a reservation already held makes it
+    ``blocked`` at once (the unique constraint decides between simultaneous launches).
+
+    Raises ``LaunchInputError`` for input no launch can use (unknown override, wrong GPU count,
+    node in maintenance or never trusted, multi-node command).
+    """
+    overrides = {k: v.strip() for k, v in (overrides or {}).items()}
+    unknown = plan.unknown_overrides(overrides)
+    if unknown:
+        raise LaunchInputError(
+            f"cannot override {', '.join(unknown)}: the checks are "
+            + ", ".join(n for n in plan.CHECK_NAMES if n not in plan.NOT_OVERRIDABLE)
+        )
+    if any(not reason for reason in overrides.values()):
+        raise LaunchInputError("every override needs a reason")
+    if node.status == NodeStatus.MAINTENANCE:
+        raise LaunchInputError(f"{node.name} is in maintenance: no launches")
+    if not node.host_key:
+        raise LaunchInputError(f"{node.name}'s host key is not trusted yet")
+    if timeout_s is not None and timeout_s <= 0:
+        raise LaunchInputError("the start-up timeout must be a positive number of seconds")
+    flags = flags_for(revision, node)
+    try:
+        ranks = plan.ranks_needed(flags)
+        busy = set(
+            Reservation.objects.filter(node=node, kind="gpu").values_list("number", flat=True)
+        )
+        busy |= {g.index for g in node.gpus.all() if g.processes}
+        indexes = list(node.gpus.values_list("index", flat=True))
+        if not indexes:
+            raise plan.PlanError(f"{node.name} has no GPUs in the inventory: discover it first")
+        chosen = plan.choose_gpus(indexes, busy, ranks, gpus)
+    except plan.PlanError as exc:
+        raise LaunchInputError(str(exc)) from None
+    ports = plan.ports_needed(flags)
+    author = actor.get_username() if actor.is_authenticated else "cli"
+    with transaction.atomic():
+        launch = Launch.objects.create(
+            revision=revision,
+            node=node,
+            gpus=chosen,
+            port=plan.server_port(flags),
+            overrides=overrides,
+            created_by=author,
+            startup_timeout_s=timeout_s or settings.RANKWISE_STARTUP_TIMEOUT_SECONDS,
+        )
+        launch.remote_dir = f"{REMOTE_ROOT}/{launch.pk}-{pysecrets.token_hex(4)}"
+        reserved = _reserve(launch, chosen, ports)
+        launch.checks = [reserved.to_json()]
+        if not reserved.passed:
+            launch.status = LaunchStatus.BLOCKED
+            launch.reason = f"pre-flight refused: {reserved.detail}"
+            launch.ended = timezone.now()
+        launch.save()
+        record(
+            "launch.create",
+            actor=actor,
+            obj=launch,
+            after={
+                **launch.summary(),
+                "command": revision.command_line(),
+                "overrides": overrides,
+                "verdict": revision.verdict,
+            },
+            request=request,
+        )
+        if launch.status == LaunchStatus.PENDING:
+            transaction.on_commit(lambda: _enqueue("nodes.start_launch", launch.pk))
+    return launch
+
+
+def _reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
+    rows = [Reservation(node=launch.node, kind="gpu", number=g, launch=launch) for g in gpus]
+    rows += [Reservation(node=launch.node, kind="port", number=p, launch=launch) for p in ports]
+    try:
+        with transaction.atomic():
+            Reservation.objects.bulk_create(rows)
+    except IntegrityError:
+        held = Reservation.objects.filter(node=launch.node).filter(
+            Q(kind="gpu", number__in=gpus) | Q(kind="port", number__in=ports)
+        )
+        what = "; ".join(
+            f"{'GPU' if r.kind == 'gpu' else 'port'} {r.number} by launch #{r.launch_id}"
+            for r in held.select_related("launch")
+        )
+        return plan.Check("reservation", False, f"already held: {what or 'by another launch'}")
+    return plan.Check(
+        "reservation",
+        True,
+        f"GPU {', '.join(map(str, gpus))} and port {', '.join(map(str, ports))} reserved",
+    )
+
+
+def _enqueue(task: str, launch_id: int, **options: Any) -> None:
+    from controlpanel.celery import app
+
+    try:
+        app.send_task(task, args=[launch_id], **options)
+    except Exception:  # noqa: BLE001 — the reconciler picks the launch up when the broker is back
+        log.warning("could not queue %s for launch %s; the reconciler will", task, launch_id)
+
+
+def release(launch: Launch, *, keep_gpus: set[int] | None = None) -> None:
+    """Free the launch's port and every GPU not in ``keep_gpus`` (memory still held)."""
+    rows = Reservation.objects.filter(launch=launch)
+    if keep_gpus:
+        rows = rows.exclude(kind="gpu", number__in=keep_gpus)
+    rows.delete()
+
+
+# --- pre-flight and start ------------------------------------------------------------------
+
+
+def claim(launch_id: int, token: str, statuses: tuple[str, ...]) -> bool:
+    """Take the launch's lease if it is free or stale: the one worker that may act on it."""
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS)
+    return bool(
+        Launch.objects.filter(pk=launch_id, status__in=statuses)
+        .filter(Q(worker_beat__isnull=True) | Q(worker_beat__lt=stale) | Q(worker_token=token))
+        .update(worker_token=token, worker_beat=timezone.now())
+    )
+
+
+def start(launch_id: int) -> None:
+    """Pre-flight, then start the server detached; hands over to the follower."""
+    token = pysecrets.token_hex(8)
+    if not claim(launch_id, token, (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT)):
+        return
+    Launch.objects.filter(pk=launch_id).update(status=LaunchStatus.PREFLIGHT)
+    launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
+    node = launch.node
+    try:
+        # One pooled connection per node, used one step at a time (sessions do not nest).
+        with ssh.pool.session(target_for(node)) as client:
+            adopted = ctl(client, "status", launch.remote_dir)
+        if adopted.get("pid") is None:
+            checks, report = preflight(launch)
+            if not _record_checks(launch, checks, report):
+                return
+            with ssh.pool.session(target_for(node)) as client:
+                adopted = _start_remote(launch, client)
+    except ssh.RemoteError as exc:
+        failed = plan.Check("reachable", False, f"{node.name}: {exc.message}")
+        _block(launch, [*launch.checks, failed.to_json()], failed.detail)
+        return
+    updated = Launch.objects.filter(pk=launch.pk, status=LaunchStatus.PREFLIGHT).update(
+        status=LaunchStatus.STARTING,
+        pid=adopted.get("pid"),
+        pgid=adopted.get("pgid"),
+        remote_dir=adopted.get("dir", launch.remote_dir),
+        started=timezone.now(),
+        worker_token="",
+        worker_beat=None,
+    )
+    if updated:
+        _enqueue("nodes.follow_launch", launch.pk)
+    else:  # stopped while starting: make sure nothing keeps running
+        stop_remote(launch)
+
+
+def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
+    """Every check of the launch against the node as it is now (a fresh probe)."""
+    node = launch.node
+    facts = discovery.probe(node)
+    discovery.save_facts(node, facts)
+    version = facts.sglang_version or node.sglang_version or DEFAULT_VERSION
+    flags = parse_command(list(launch.revision.args), table(version))
+    flags.env = dict(launch.revision.env or {})
+    checks = [plan.Check(**c) for c in launch.checks if c.get("name") == "reservation"]
+    checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
+    report = _budget(launch, flags, facts, version)
+    checks.append(plan.check_budget(report))
+    now = [
+        plan.GpuNow(g.index, g.memory_used_bytes, tuple((p.pid, p.name) for p in g.processes))
+        for g in facts.gpus
+    ]
+    checks.append(plan.check_gpus_idle(now, launch.gpus))
+    model_path = str(flags.get("model_path", default="") or "")
+    with ssh.pool.session(target_for(node)) as client:
+        found = ctl(client, "preflight", model_path or "-", *map(str, plan.ports_needed(flags)))
+    checks.append(plan.check_ports(plan.ports_needed(flags), found["listening"]))
+    checks.append(plan.check_model(model_path, found["model_found"], found["model_detail"]))
+    checks.append(plan.check_shm(found["shm_bytes"], len(launch.gpus)))
+    return plan.apply_overrides(checks, dict(launch.overrides)), report
+
+
+def _sglang_problem(facts: NodeFacts) -> str | None:
+    return next((p for p in facts.problems if "sglang" in p.lower()), None)
+
+
+def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str) -> BudgetReport:
+    by_index = {g.index: g for g in facts.gpus}
+    chosen = [by_index[i] for i in launch.gpus if i in by_index]
+    memory = NodeMemory(
+        gpu_memory_bytes=tuple(g.memory_total_bytes for g in chosen),
+        host_ram_bytes=facts.host_ram_bytes,
+        mem_available_bytes=facts.mem_available_bytes,
+        cgroup_limit_bytes=facts.cgroup_limit_bytes,
+        gpu_used_bytes=tuple(g.memory_used_bytes for g in chosen),
+    )
+    model = model_facts(launch.node, str(flags.get("model_path", default="") or ""))
+    return check(
+        flags, memory, version=version, geometry=model.geometry, weights_bytes=model.weights_bytes
+    )
+
+
+def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetReport) -> bool:
+    """Store the checks; block the launch if one fails without an override. True to go on."""
+    docs = [c.to_json() for c in checks]
+    estimate = {
+        "verdict": report.verdict,
+        "device_kv_tokens_per_rank": report.device_kv_tokens_per_rank,
+        "host_pool_bytes_per_rank": report.host_pool_bytes_per_rank,
+        "host_pool_bytes_per_node": report.host_pool_bytes_per_node,
+        "warnings": [m.text for m in report.messages if m.level == "warn"],
+    }
+    Launch.objects.filter(pk=launch.pk).update(checks=docs, estimate=estimate)
+    launch.checks = docs
+    blocking = [c for c in checks if c.blocks]
+    for c in checks:
+        if c.override:
+            record(
+                "launch.override",
+                actor=None,
+                actor_name=launch.created_by,
+                obj=launch,
+                after={"check": c.name, "reason": c.override, "detail": c.detail},
+            )
+    if blocking:
+        _block(launch, docs, "; ".join(f"{c.name}: {c.detail}" for c in blocking))
+        return False
+    return True
+
+
+def _block(launch: Launch, checks: list[dict[str, Any]], why: str) -> None:
+    Launch.objects.filter(pk=launch.pk).update(
+        status=LaunchStatus.BLOCKED,
+        checks=checks,
+        reason=f"pre-flight refused: {why}",
+        ended=timezone.now(),
+        worker_token="",
+        worker_beat=None,
+    )
+    release(launch)
+
+
+def _start_remote(launch: Launch, client: Any) -> dict[str, Any]:
+    revision = launch.revision
+    env = plan.launch_env(dict(revision.env or {}), launch.gpus)
+    request = {
+        "launch_id": launch.pk,
+        "args": list(revision.args),
+        "env": env,
+        "shown_command": ssh.quote(
+            [launch.node.sglang_python, "-m", "sglang.launch_server", *redact_args(revision.args)]
+        ),
+        "shown_env": redact_env(env),
+    }
+    return ctl(
+        client,
+        "start",
+        launch.remote_dir,
+        launch.node.sglang_python,
+        stdin=json.dumps(request).encode(),
+    )
+
+
+# --- ending a launch -----------------------------------------------------------------------
+
+
+@dataclass
+class StopOutcome:
+    """What a stop left behind: processes still alive, GPUs still holding memory (bytes)."""
+
+    launch: Launch
+    remaining: list[dict[str, Any]] = field(default_factory=list)
+    held_gpus: dict[int, int] = field(default_factory=dict)
+    error: str = ""
+
+    @property
+    def clean(self) -> bool:
+        return not self.remaining and not self.held_gpus and not self.error
+
+
+def stop_remote(launch: Launch, grace: float | None = None) -> dict[str, Any]:
+    """SIGTERM the launch's process group, wait, SIGKILL; what remains. Raises RemoteError."""
+    grace = settings.RANKWISE_STOP_GRACE_SECONDS if grace is None else grace
+    with ssh.pool.session(target_for(launch.node)) as client:
+        return ctl(client, "stop", launch.remote_dir, str(grace), "10", timeout=grace + 30)
+
+
+def _held_gpus(launch: Launch) -> dict[int, int]:
+    """GPUs of the launch that still hold memory (index → bytes used), read now."""
+    facts = discovery.probe(launch.node, live=True, timeout=30)
+    discovery.save_live(launch.node, facts)
+    return {
+        g.index: g.memory_used_bytes
+        for g in facts.gpus
+        if g.index in launch.gpus and g.memory_used_bytes > plan.IDLE_GPU_BYTES
+    }
+
+
+def _finish(launch: Launch, remaining: list[dict[str, Any]]) -> tuple[dict[int, int], str]:
+    """After the group was stopped: release what came back; describe what did not."""
+    try:
+        held = _held_gpus(launch)
+    except ssh.RemoteError as exc:
+        release(launch, keep_gpus=set(launch.gpus))
+        return {g: 0 for g in launch.gpus}, f"GPU memory not verified ({exc.message})"
+    release(launch, keep_gpus=set(held))
+    notes = []
+    if remaining:
+        notes.append(
+            "still running: "
+            + ", ".join(f"PID {p['pid']} {p['command'][:60]} ({p['state']})" for p in remaining)
+        )
+    if held:
+        notes.append(
+            "GPU memory still held: "
+            + ", ".join(f"GPU {i} {v / 2**30:.1f} GiB" for i, v in sorted(held.items()))
+            + " (reserved until cleaned up)"
+        )
+    return held, "; ".join(notes)
+
+
+def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) -> StopOutcome:
+    """Stop a launch: processes gone and GPUs' memory back, or what did not come back."""
+    launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
+    if launch.status in LAUNCH_ENDED:
+        return StopOutcome(launch, error=f"the launch already ended ({launch.status})")
+    record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
+    before = launch.status
+    Launch.objects.filter(pk=launch.pk, status__in=LAUNCH_ACTIVE).update(
+        status=LaunchStatus.STOPPING, resume_status=before
+    )
+    try:
+        result = stop_remote(launch)
+    except ssh.RemoteError as exc:
+        Launch.objects.filter(pk=launch.pk, status=LaunchStatus.STOPPING).update(status=before)
+        launch.refresh_from_db()
+        return StopOutcome(launch, error=f"{launch.node.name} did not answer: {exc.message}")
+    remaining = result.get("remaining", [])
+    held, notes = _finish(launch, remaining)
+    who = actor.get_username() if actor.is_authenticated else "cli"
+    Launch.objects.filter(pk=launch.pk).update(
+        status=LaunchStatus.STOPPED,
+        reason=f"stopped by {who}" + (f"; {notes}" if notes else ""),
+        ended=timezone.now(),
+        exit_status=result.get("exit_status"),
+    )
+    launch.refresh_from_db()
+    return StopOutcome(launch, remaining=remaining, held_gpus=held)
+
+
+def fail(launch_id: int, reason: str) -> bool:
+    """Mark a running launch ``failed``: snapshot the node at once, then stop the group and
+    release what came back. False if the launch had already ended or is being stopped."""
+    running = [s for s in LAUNCH_RUNNING if s != LaunchStatus.STOPPING]
+    if not Launch.objects.filter(pk=launch_id, status__in=running).update(
+        status=LaunchStatus.FAILED, reason=reason, ended=timezone.now()
+    ):
+        return False
+    launch = Launch.objects.select_related("node").get(pk=launch_id)
+    snap: dict[str, Any] = {}
+    try:
+        snap = take_snapshot(launch)
+        result = stop_remote(launch, grace=5)
+        Launch.objects.filter(pk=launch_id).update(exit_status=result.get("exit_status"))
+        _, notes = _finish(launch, result.get("remaining", []))
+        if notes:
+            Launch.objects.filter(pk=launch_id).update(reason=f"{reason}; {notes}")
+    except ssh.RemoteError as exc:
+        snap.setdefault("errors", []).append(exc.message)
+        release(launch, keep_gpus=set(launch.gpus))
+    Launch.objects.filter(pk=launch_id).update(snapshot=snap)
+    return True
+
+
+def take_snapshot(launch: Launch) -> dict[str, Any]:
+    """The node's memory now: meminfo, GPUs with their processes, the launch's processes and
+    states, kernel OOM lines, listening ports, /dev/shm files. Raises ``ssh.RemoteError``."""
+    with ssh.pool.session(target_for(launch.node)) as client:
+        snap = ctl(client, "snapshot", launch.remote_dir)
+    facts = discovery.probe(launch.node, live=True, timeout=30)
+    snap["gpus"] = [
+        {
+            "index": g.index,
+            "memory_total_bytes": g.memory_total_bytes,
+            "memory_used_bytes": g.memory_used_bytes,
+            "processes": [
+                {"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
+                for p in g.processes
+            ],
+        }
+        for g in facts.gpus
+    ]
+    return snap
+
+
+# --- re-adoption -----------------------------------------------------------------------------
+
+
+def orphans() -> list[Launch]:
+    """Launches nobody is working on: active, or ended with log lines still on the node, whose
+    worker has not checked in within the lease."""
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS)
+    recent = timezone.now() - timedelta(days=1)
+    unfinished = Q(status__in=LAUNCH_ACTIVE) | Q(
+        status__in=LAUNCH_ENDED, started__isnull=False, log_complete=False, ended__gt=recent
+    )
+    return list(
+        Launch.objects.filter(unfinished).filter(
+            Q(worker_beat__isnull=True) | Q(worker_beat__lt=stale)
+        )
+    )
+
+
+def reconcile() -> int:
+    """Queue the right task for every orphaned launch; returns how many."""
+    found = orphans()
+    for launch in found:
+        if launch.status in (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT):
+            _enqueue("nodes.start_launch", launch.pk)
+        else:
+            _enqueue("nodes.follow_launch", launch.pk)
+    return len(found)
