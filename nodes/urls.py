@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes import profile_views, views
+from nodes import launch_views, profile_views, views
 
 app_name = "nodes"
 
@@ -25,5 +25,12 @@ urlpatterns = [
     path("launch-profiles/check/", profile_views.profile_check, name="profile-check"),
     path("launch-profiles/<int:pk>/", profile_views.profile_detail, name="profile-detail"),
     path("launch-profiles/<int:pk>/edit/", profile_views.profile_edit, name="profile-edit"),
+    path("launches/", launch_views.launch_list, name="launch-list"),
+    path("launches/new/", launch_views.launch_create, name="launch-create"),
+    path("launches/<int:pk>/", launch_views.launch_detail, name="launch-detail"),
+    path("launches/<int:pk>/stop/", launch_views.launch_stop, name="launch-stop"),
+    path("launches/<int:pk>/lines/", launch_views.launch_lines, name="launch-lines"),
+    path("launches/<int:pk>/events/", launch_views.launch_events, name="launch-events"),
+    path("launches/<int:pk>/log/", launch_views.launch_log, name="launch-log"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

@@ -1,22 +1,31 @@
-"""Launches end to end on the simulated fleet: real workers, Redis, sshd and SGLang stand-in."""
+"""Launches end to end on the simulated fleet: real Celery workers in their own processes, the
+real Redis, real sshd on each node and the SGLang stand-in, through the product's services."""
 
 from __future__ import annotations
+
+import json
+import threading
 
 import pytest
 
 from nodes.choices import LaunchStatus
-from nodes.models import Launch, Reservation
+from nodes.models import AuditEntry, Launch, LaunchLogLine, Reservation
 from nodes.services import discovery, launches
 from tests.conftest import register_sim_node
 from tests.factories import make_user
-from tests.fleet import wait_until
+from tests.fleet import simfleet, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
+KIMI = "--model-path /srv/models/kimi-k2 --tp-size 8 --trust-remote-code"
 CORRECTED = (
-    "python3 -m sglang.launch_server --model-path /srv/models/kimi-k2 --tp-size 8 "
-    "--mem-fraction-static 0.85 --enable-hierarchical-cache --hicache-size 37 "
-    "--trust-remote-code --port 30000"
+    f"python3 -m sglang.launch_server {KIMI} --mem-fraction-static 0.85 "
+    "--enable-hierarchical-cache --hicache-size 37"
 )
+INCIDENT = (
+    f"python3 -m sglang.launch_server {KIMI} --mem-fraction-static 0.85 "
+    "--enable-hierarchical-cache --hicache-size 300"
+)
+SMALL = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
 
 
 def status_of(launch: Launch) -> str:
@@ -29,34 +38,214 @@ def wait_for(launch: Launch, *statuses: str, timeout: float = 90) -> str:
     return launch.status
 
 
-@pytest.fixture
-def incident(sim_fleet):
-    sim = sim_fleet["incident"]
-    sim.reboot()
-    node = register_sim_node(sim)
-    discovery.discover(node.pk)
-    node.refresh_from_db()
-    return node
+def gpu_used(sim, index: int) -> int:
+    out = sim.ok(f"nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i {index}")
+    return int(out.strip())
+
+
+def sglang_processes(sim) -> list[str]:
+    out = sim.ok("ps -eo pid,stat,args")
+    return [line for line in out.splitlines() if "sglang" in line]
+
+
+def stored_lines(launch: Launch) -> list[tuple[int, str]]:
+    return list(LaunchLogLine.objects.filter(launch=launch).values_list("seq", "text"))
+
+
+def assert_whole_log(launch: Launch, sim) -> None:
+    """Every line the server wrote is stored once, in order, numbered 1..N."""
+    launch.refresh_from_db()
+    rows = stored_lines(launch)
+    assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1))
+    written = sim.ok(f"cat {launch.remote_dir}/server.log").count("\n")
+    assert len(rows) == written == launch.last_seq
+
+
+def node_fixture(name: str):
+    @pytest.fixture
+    def fixture(sim_fleet):
+        sim = sim_fleet[name]
+        sim.reboot()
+        node = register_sim_node(sim)
+        discovery.discover(node.pk)
+        node.refresh_from_db()
+        node.sim = sim
+        return node
+
+    return fixture
+
+
+incident = node_fixture("incident")
+spare = node_fixture("spare")
 
 
 @pytest.fixture
-def operator_user(db):
+def olga(db):
     return make_user("olga", "operator")
 
 
-def test_corrected_incident_reaches_ready_then_stops_clean(
-    incident, operator_user, launch_workers, sim_fleet
+def test_corrected_incident_reaches_ready_with_phases_then_stop_frees_everything(
+    incident, olga, launch_workers
 ):
-    revision = launches.adhoc_revision(CORRECTED, incident, operator_user)
-    launch = launches.create(node=incident, revision=revision, actor=operator_user)
+    idle = [gpu_used(incident.sim, g) for g in range(8)]
+    launch = launches.submit(node=incident, command=CORRECTED, actor=olga)
+    assert launch.adhoc and launch.gpus == list(range(8))
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED) == (
         LaunchStatus.READY
-    ), (launch.reason, launch.checks, launch_workers.log("default")[-3000:])
+    ), launch.reason
+    assert all(c["passed"] for c in launch.checks), launch.checks
+    numbers = launch.progress["numbers"]
     assert launch.progress["phase"] == "ready"
+    assert numbers["host_pool_gb"] == 37 and numbers["host_pool_lines"] == 8
+    assert numbers["shards_done"] == numbers["shards_total"] > 0
+    assert numbers["kv_tokens"] > 0 and numbers["weights_gib"] > 0
     assert launch.server_info["hicache_size"] == 37
-    print(launch.progress, launch.server_info)
-    outcome = launches.stop(launch.pk, actor=operator_user)
-    assert outcome.clean, outcome
+    assert launch.server_info["tp_size"] == 8
+    assert launch.server_info["max_total_num_tokens"] == numbers["max_total_num_tokens"]
+    ready_line = LaunchLogLine.objects.get(
+        launch=launch, text__contains="The server is fired up and ready to roll!"
+    )
+    assert ready_line.seq <= launch.last_seq
+    assert gpu_used(incident.sim, 0) > idle[0]
+
+    outcome = launches.stop(launch.pk, actor=olga)
+    assert outcome.clean, (outcome.remaining, outcome.held_gpus, outcome.error)
+    assert status_of(launch) == LaunchStatus.STOPPED
     assert not Reservation.objects.filter(launch=launch).exists()
-    out = sim_fleet["incident"].ok("ps -eo pid,args | grep -c [s]glang || true")
-    assert out.strip() == "0"
+    assert sglang_processes(incident.sim) == []
+    assert [gpu_used(incident.sim, g) for g in range(8)] == idle
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 15)
+    assert_whole_log(launch, incident.sim)
+
+
+def test_gpus_held_by_a_foreign_process_are_refused_with_its_pid(incident, olga, launch_workers):
+    simfleet("hold", "incident", "--gpu", "3", "--memory", "20GiB", "--state", incident.sim.state)
+    try:
+        holder = [
+            line.split()[0]
+            for line in incident.sim.ok("ps -eo pid,args").splitlines()
+            if "simnode.hold" in line
+        ]
+        launch = launches.submit(node=incident, command=SMALL, actor=olga, gpus=[3, 4])
+        assert wait_for(
+            launch, LaunchStatus.BLOCKED, LaunchStatus.STARTING, LaunchStatus.READY
+        ) == (LaunchStatus.BLOCKED)
+        idle = next(c for c in launch.checks if c["name"] == "gpus_idle")
+        assert not idle["passed"] and "GPU 3" in idle["detail"]
+        assert any(f"PID {pid}" in idle["detail"] for pid in holder), idle["detail"]
+        assert "gpus_idle" in launch.reason
+        assert not Reservation.objects.filter(launch=launch).exists()
+        assert sglang_processes(incident.sim) == []
+    finally:
+        simfleet("release", "incident", "--state", incident.sim.state)
+
+
+def test_two_simultaneous_launches_onto_the_same_gpus_run_exactly_one(spare, olga, launch_workers):
+    results: list[Launch | Exception] = []
+    barrier = threading.Barrier(2)
+
+    def launch_one() -> None:
+        from django.db import connection
+
+        try:
+            barrier.wait()
+            results.append(launches.submit(node=spare, command=SMALL, actor=olga, gpus=[0, 1]))
+        except Exception as exc:  # noqa: BLE001 — the test reports it
+            results.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=launch_one) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    made = [r for r in results if isinstance(r, Launch)]
+    assert len(made) == 2, results
+    first, second = sorted(made, key=lambda r: r.status == LaunchStatus.BLOCKED)
+    assert second.status == LaunchStatus.BLOCKED
+    assert "already held" in second.reason and f"launch #{first.pk}" in second.reason
+    assert wait_for(first, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
+    scheduler_ranks = [p for p in sglang_processes(spare.sim) if "scheduler" in p]
+    assert len(scheduler_ranks) == 2  # one server of two ranks, not two servers
+    assert launches.stop(first.pk, actor=olga).clean
+
+
+def test_the_incident_forced_past_preflight_fails_with_a_snapshot(incident, olga, launch_workers):
+    launch = launches.submit(
+        node=incident,
+        command=INCIDENT,
+        actor=olga,
+        overrides={"budget": "reproducing the incident on purpose"},
+    )
+    assert wait_for(launch, LaunchStatus.FAILED, LaunchStatus.READY, timeout=120) == (
+        LaunchStatus.FAILED
+    )
+    budget = next(c for c in launch.checks if c["name"] == "budget")
+    assert not budget["passed"] and budget["override"] == "reproducing the incident on purpose"
+    assert "2400" in budget["detail"] or "per rank" in budget["detail"], budget["detail"]
+    override = AuditEntry.objects.get(action="launch.override", object_id=str(launch.pk))
+    assert override.actor_name == "olga" and override.after["check"] == "budget"
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).snapshot, 30)
+    launch.refresh_from_db()
+    snap = launch.snapshot
+    assert snap["meminfo"]["MemTotal"] > 0 and "MemAvailable" in snap["meminfo"]
+    assert len(snap["gpus"]) == 8 and "processes" in snap["gpus"][0]
+    assert "members" in snap["launch"] and "listening_ports" in snap
+    assert any(
+        "oom" in line.lower() or "killed process" in line.lower() for line in snap["oom_lines"]
+    )
+    assert launch.progress["numbers"]["host_pool_lines"] >= 1
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 30)
+    assert sglang_processes(incident.sim) == []
+    assert_whole_log(launch, incident.sim)
+
+
+def test_a_worker_killed_mid_start_loses_no_launch_and_no_line(incident, olga, launch_workers):
+    launch = launches.submit(node=incident, command=CORRECTED, actor=olga)
+    assert wait_for(launch, LaunchStatus.LOADING, LaunchStatus.READY, LaunchStatus.FAILED) == (
+        LaunchStatus.LOADING
+    ), launch.reason
+    launch_workers.kill("streams")
+    seq_at_kill = status_of(launch) and launch.last_seq
+    launch_workers.start("streams")
+    assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, timeout=120) == (
+        LaunchStatus.READY
+    ), launch.reason
+    assert launch.last_seq > seq_at_kill
+    assert launches.stop(launch.pk, actor=olga).clean
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 20)
+    assert_whole_log(launch, incident.sim)
+
+
+def test_a_node_cut_off_for_a_minute_is_lost_then_recovered(incident, olga, launch_workers):
+    launch = launches.submit(node=incident, command=SMALL, actor=olga)
+    assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
+    simfleet("link", "incident", "down", "--state", incident.sim.state)
+    try:
+        assert wait_for(launch, LaunchStatus.LOST, timeout=40) == LaunchStatus.LOST
+        assert "has not answered" in launch.reason
+        wait_until(lambda: False, 45)  # the rest of the minute
+        assert status_of(launch) == LaunchStatus.LOST
+    finally:
+        simfleet("link", "incident", "up", "--state", incident.sim.state)
+    assert wait_for(launch, LaunchStatus.READY, timeout=60) == LaunchStatus.READY
+    assert "answers again" in launch.reason
+    assert launches.stop(launch.pk, actor=olga).clean
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 20)
+    assert_whole_log(launch, incident.sim)
+
+
+def test_secrets_are_masked_in_the_stored_command_environment_and_log(spare, olga, launch_workers):
+    command = f"HF_TOKEN=hf_secret_value {SMALL} --api-key sk-very-secret"
+    launch = launches.submit(node=spare, command=command, actor=olga)
+    assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
+    assert launches.stop(launch.pk, actor=olga).clean
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 20)
+    stored = "\n".join(text for _, text in stored_lines(launch))
+    assert "sk-very-secret" not in stored and "****" in stored  # server_args echoes the key
+    node_files = spare.sim.ok(f"cat {launch.remote_dir}/command {launch.remote_dir}/env")
+    assert "sk-very-secret" not in node_files and "hf_secret_value" not in node_files
+    audit = json.dumps(list(AuditEntry.objects.values("after")), default=str)
+    assert "sk-very-secret" not in audit and "hf_secret_value" not in audit
+    assert "--api-key '****'" in launch.revision.command_line()

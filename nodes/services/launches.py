@@ -212,6 +212,35 @@ def create(
     return launch
 
 
+def submit(
+    *,
+    node: Node,
+    actor: Actor,
+    revision: ProfileRevision | None = None,
+    command: str | list[str] | None = None,
+    gpus: list[int] | None = None,
+    overrides: dict[str, str] | None = None,
+    timeout_s: int | None = None,
+    request: HttpRequest | None = None,
+) -> Launch:
+    """A launch of ``revision``, or of a raw ``command`` stored as an ad-hoc revision; nothing
+    is kept when the input is refused (``LaunchInputError``)."""
+    with transaction.atomic():
+        if revision is None:
+            if command is None:
+                raise LaunchInputError("give a profile revision or a command line")
+            revision = adhoc_revision(command, node, actor)
+        return create(
+            node=node,
+            revision=revision,
+            actor=actor,
+            gpus=gpus,
+            overrides=overrides,
+            timeout_s=timeout_s,
+            request=request,
+        )
+
+
 def _reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
     rows = [Reservation(node=launch.node, kind="gpu", number=g, launch=launch) for g in gpus]
     rows += [Reservation(node=launch.node, kind="port", number=p, launch=launch) for p in ports]
@@ -470,7 +499,9 @@ def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) ->
     """Stop a launch: processes gone and GPUs' memory back, or what did not come back."""
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
     if launch.status in LAUNCH_ENDED:
-        return StopOutcome(launch, error=f"the launch already ended ({launch.status})")
+        # Nothing to stop; what it still holds is what cleanup must free.
+        held = {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
+        return StopOutcome(launch, held_gpus=held)
     record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
     before = launch.status
     Launch.objects.filter(pk=launch.pk, status__in=LAUNCH_ACTIVE).update(

@@ -54,8 +54,31 @@ def serve(
     _watch(launch, log)
 
 
+def _chatter(launch: Launch, log: Log) -> None:
+    """Under load SGLang logs a line per decode batch; ``SGLANG_STANDIN_CHATTER=N`` (lines/s, for
+    ``SGLANG_STANDIN_CHATTER_SECONDS``) plays such load. Each line carries its write time (ns)
+    so a reader can measure its delay."""
+    rate = float(os.environ.get("SGLANG_STANDIN_CHATTER", "0") or 0)
+    if rate <= 0:
+        return
+    seconds = float(os.environ.get("SGLANG_STANDIN_CHATTER_SECONDS", "30") or 30)
+    started = time.monotonic()
+    count = 0
+    while time.monotonic() - started < seconds:
+        count += 1
+        log(
+            f"Decode batch. #running-req: 1, #token: {count}, token usage: 0.01, "
+            f"gen throughput (token/s): {rate:.2f}, #queue-req: 0, written_ns={time.time_ns()}"
+        )
+        delay = started + count / rate - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+    log(f"Decode batches done: {count} lines")
+
+
 def _watch(launch: Launch, log: Log) -> None:
     """≥ 0.5.12 notices a crashed child within a second; older versions keep serving, unhealthy."""
+    threading.Thread(target=_chatter, args=(launch, log), daemon=True).start()
     while True:
         time.sleep(1.0)
         for pid in launch.rank_pids:

@@ -1,0 +1,78 @@
+"""The launch form: a profile revision (or a pasted command), a node, its GPUs, overrides."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from nodes.domain.launch_plan import CHECK_NAMES, NOT_OVERRIDABLE
+from nodes.models import Node, ProfileRevision
+
+OVERRIDABLE = [(n, n) for n in CHECK_NAMES if n not in NOT_OVERRIDABLE]
+
+
+class RevisionChoice(forms.ModelChoiceField):  # type: ignore[type-arg]
+    def label_from_instance(self, obj: Any) -> str:
+        return f"{obj} ({obj.verdict})"
+
+
+class LaunchForm(forms.Form):
+    revision = RevisionChoice(
+        ProfileRevision.objects.filter(profile__adhoc=False).select_related("profile"),
+        required=False,
+        label="Profile revision",
+    )
+    command = forms.CharField(
+        required=False,
+        label="…or a command line",
+        widget=forms.Textarea(attrs={"rows": 3, "class": "mono"}),
+        help_text="Pasted as run, e.g. HF_TOKEN=… python3 -m sglang.launch_server --model-path …"
+        " It is stored as an ad-hoc revision.",
+    )
+    node = forms.ModelChoiceField(Node.objects.all())
+    gpus = forms.CharField(
+        required=False,
+        label="GPUs",
+        help_text="Indexes, e.g. 0,1,2,3. Empty: the first free GPUs, as many as the ranks need.",
+    )
+    override = forms.MultipleChoiceField(
+        choices=OVERRIDABLE,
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        label="Launch despite failed checks",
+    )
+    reason = forms.CharField(
+        required=False, max_length=500, help_text="Why the failed checks may be ignored (audited)."
+    )
+    timeout = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=7 * 24 * 3600,
+        label="Start-up timeout (s)",
+        help_text="Empty: the panel's default.",
+    )
+
+    def clean_gpus(self) -> list[int] | None:
+        text = self.cleaned_data["gpus"].strip()
+        if not text:
+            return None
+        try:
+            gpus = [int(p) for p in text.replace(" ", "").split(",") if p]
+        except ValueError:
+            raise forms.ValidationError("GPU indexes separated by commas, e.g. 0,1") from None
+        if not gpus or any(g < 0 or g > 1023 for g in gpus):
+            raise forms.ValidationError("GPU indexes separated by commas, e.g. 0,1")
+        return gpus
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if bool(data.get("revision")) == bool((data.get("command") or "").strip()):
+            raise forms.ValidationError("Choose a profile revision or paste a command, not both.")
+        if data.get("override") and not (data.get("reason") or "").strip():
+            self.add_error("reason", "Say why the failed checks may be ignored.")
+        return data
+
+    def overrides(self) -> dict[str, str]:
+        reason = (self.cleaned_data.get("reason") or "").strip()
+        return {name: reason for name in self.cleaned_data.get("override") or []}

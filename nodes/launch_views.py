@@ -1,0 +1,318 @@
+"""Launch pages: the form, the launch page (phase bar, checks, live log), stop, log download.
+
+The live log is a Server-Sent Events stream: it replays stored lines after ``Last-Event-ID``
+(or ``?after=``) from the database, then waits on the launch's Redis channel for word of new
+ones, reading them from the database again, so the record decides what is shown and a
+reconnect can neither skip nor repeat a line. Without Redis it reads the database every
+half-second instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gzip
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods, require_POST
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
+from nodes.domain.logparse import PHASES, Progress, phase_label
+from nodes.launch_forms import LaunchForm
+from nodes.models import Launch, LaunchLogLine, Node
+from nodes.roles import has_role, role_required
+from nodes.services import launches
+from nodes.services.follower import channel
+from nodes.tasks import stop_launch
+from nodes.views import HtmxHttpRequest, _redirect
+
+LINES_SHOWN = 2000
+BATCH = 1000
+
+
+@require_GET
+@login_required
+def launch_list(request: HtmxHttpRequest) -> HttpResponse:
+    rows = Launch.objects.select_related("node", "revision__profile")
+    status = request.GET.get("status", "")
+    node = request.GET.get("node", "")
+    if status in LaunchStatus.values:
+        rows = rows.filter(status=status)
+    if node:
+        rows = rows.filter(node__name=node)
+    page = Paginator(rows, 50).get_page(request.GET.get("page"))
+    context = {
+        "page": page,
+        "statuses": LaunchStatus.choices,
+        "nodes": Node.objects.values_list("name", flat=True),
+        "status": status,
+        "node": node,
+    }
+    return render(request, "nodes/launch_list.html", context)
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
+    if request.method == "POST":
+        form = LaunchForm(request.POST)
+        if form.is_valid():
+            data = form.cleaned_data
+            try:
+                launch = launches.submit(
+                    node=data["node"],
+                    revision=data["revision"],
+                    command=data["command"] or None,
+                    gpus=data["gpus"],
+                    overrides=form.overrides(),
+                    timeout_s=data["timeout"],
+                    actor=request.user,
+                    request=request,
+                )
+            except launches.LaunchInputError as exc:
+                form.add_error(None, str(exc))
+            else:
+                return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
+    else:
+        initial: dict[str, Any] = {}
+        for key in ("revision", "node", "gpus", "command"):
+            if request.GET.get(key):
+                initial[key] = request.GET[key]
+        form = LaunchForm(initial=initial)
+    return render(request, "nodes/launch_form.html", {"form": form})
+
+
+def _state_context(launch: Launch) -> dict[str, Any]:
+    progress = Progress.from_json(launch.progress)
+    reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
+    phases = [
+        {"key": key, "label": label, "done": i < reached, "current": i == reached}
+        for i, (key, label) in enumerate(PHASES)
+    ]
+    failed = [c for c in launch.checks or [] if not c.get("passed")]
+    estimate = launch.estimate or {}
+    info = launch.server_info or {}
+    usage = info.get("memory_usage") or {}
+    comparison = [
+        (
+            "Device KV pool (tokens per rank)",
+            estimate.get("device_kv_tokens_per_rank"),
+            info.get("max_total_num_tokens") or progress.numbers.get("max_total_num_tokens"),
+        ),
+        (
+            "Host pool per rank (GB)",
+            round(estimate["host_pool_bytes_per_rank"] / 1e9, 2)
+            if estimate.get("host_pool_bytes_per_rank")
+            else None,
+            progress.numbers.get("host_pool_gb"),
+        ),
+    ]
+    return {
+        "launch": launch,
+        "progress": progress,
+        "percent": round(progress.fraction() * 100),
+        "phase_label": phase_label(progress.phase),
+        "phases": phases,
+        "failed_checks": failed,
+        "comparison": comparison,
+        "usage": usage,
+        "ended": launch.status in LAUNCH_ENDED,
+        "stoppable": launch.status not in LAUNCH_ENDED,
+    }
+
+
+@require_GET
+@login_required
+def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    if request.htmx and request.GET.get("part") == "state":
+        return render(request, "nodes/launch_detail.html#state", _state_context(launch))
+    lines = list(launch.lines.order_by("-seq").values_list("seq", "text")[:LINES_SHOWN])[::-1]
+    context = {
+        **_state_context(launch),
+        "lines": lines,
+        "last_seq": lines[-1][0] if lines else 0,
+        "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
+        "relaunch": LaunchForm(
+            initial={
+                "revision": launch.revision_id if not launch.adhoc else None,
+                "node": launch.node_id,
+                "gpus": launch.gpu_list(),
+                "override": [c["name"] for c in launch.checks or [] if not c.get("passed")],
+            }
+        ),
+    }
+    return render(request, "nodes/launch_detail.html", context)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    launch = get_object_or_404(Launch, pk=pk)
+    if launch.status in LAUNCH_ENDED:
+        messages.info(request, f"Launch #{launch.pk} already ended ({launch.status}).")
+    else:
+        try:
+            stop_launch.delay(launch.pk, request.user.pk)
+        except (OperationalError, RedisError):
+            messages.error(request, "The task queue (Redis) is unreachable; nothing was stopped.")
+        else:
+            messages.success(request, f"Stopping launch #{launch.pk}…")
+    return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
+
+
+@require_GET
+@login_required
+def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
+    """Stored lines after ``?after=SEQ`` (polling fallback of the live stream)."""
+    launch = get_object_or_404(Launch, pk=pk)
+    after = _seq(request.GET.get("after"))
+    rows = list(launch.lines.filter(seq__gt=after).values_list("seq", "text")[:BATCH])
+    return JsonResponse(
+        {
+            "lines": rows,
+            "status": launch.status,
+            "last_seq": launch.last_seq,
+            "ended": _done(launch),
+        }
+    )
+
+
+@require_GET
+@login_required
+def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """The whole log as text: the archive when lines were dropped from the database."""
+    launch = get_object_or_404(Launch, pk=pk)
+    name = f"launch-{launch.pk}.log"
+    if launch.log_archive:
+        body = gzip.decompress(bytes(launch.log_archive))
+        response: HttpResponseBase = HttpResponse(body, content_type="text/plain; charset=utf-8")
+    else:
+
+        def lines() -> Iterator[str]:
+            query = launch.lines.order_by("seq").values_list("text", flat=True)
+            for text in query.iterator(chunk_size=5000):
+                yield text + "\n"
+
+        response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+def _seq(text: str | None) -> int:
+    try:
+        return max(0, int(text or 0))
+    except ValueError:
+        return 0
+
+
+def _done(launch: Launch) -> bool:
+    return launch.status in LAUNCH_ENDED and (launch.log_complete or not launch.started)
+
+
+async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """The live log as Server-Sent Events: ``lines`` events (id = last seq, data = [[seq,
+    text], …]), ``state`` when the status or phase changed, ``end`` when nothing more comes."""
+    user = await request.auser()
+    if not user.is_authenticated or not await sync_to_async(has_role)(user, Role.VIEWER):
+        return HttpResponse("Log in to follow this launch.", status=403)
+    if not await Launch.objects.filter(pk=pk).aexists():
+        return HttpResponse("No such launch.", status=404)
+    after = _seq(request.headers.get("Last-Event-ID") or request.GET.get("after"))
+    response = StreamingHttpResponse(_events(pk, after), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _events(pk: int, after: int) -> AsyncIterator[str]:
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1)
+    pubsub: Any = None
+    last, shown, quiet = after, None, 0.0
+    try:
+        yield "retry: 1000\n\n"
+        while True:
+            if pubsub is None:
+                pubsub = await _subscribe(client, pk)
+            rows = [
+                row
+                async for row in LaunchLogLine.objects.filter(launch_id=pk, seq__gt=last)
+                .order_by("seq")
+                .values_list("seq", "text")[:BATCH]
+            ]
+            if rows:
+                last = rows[-1][0]
+                quiet = 0.0
+                yield f"id: {last}\nevent: lines\ndata: {json.dumps(rows)}\n\n"
+                if len(rows) == BATCH:
+                    continue
+            state = (
+                await Launch.objects.filter(pk=pk)
+                .values("status", "progress", "last_seq", "log_complete", "started", "health_at")
+                .afirst()
+            )
+            if state is None:
+                return
+            now = (state["status"], json.dumps(state["progress"]), state["health_at"])
+            if now != shown:
+                shown = now
+                yield f"event: state\ndata: {json.dumps({'status': state['status']})}\n\n"
+            ended = state["status"] in LAUNCH_ENDED
+            if (
+                ended
+                and last >= state["last_seq"]
+                and (state["log_complete"] or not state["started"])
+            ):
+                yield "event: end\ndata: {}\n\n"
+                return
+            pubsub = await _wait(pubsub)
+            quiet += 1.0
+            if quiet >= 15:
+                quiet = 0.0
+                yield ": keep-alive\n\n"
+    finally:
+        if pubsub is not None:
+            with contextlib.suppress(RedisError):
+                await pubsub.aclose()
+        await client.aclose()
+
+
+async def _subscribe(client: aioredis.Redis, pk: int) -> Any:
+    try:
+        pubsub = client.pubsub()
+        await pubsub.subscribe(channel(pk))
+        return pubsub
+    except (RedisError, OSError):
+        return None
+
+
+async def _wait(pubsub: Any) -> Any:
+    """Until the follower says new lines are stored, at most a second; without Redis, half a
+    second. Returns the subscription, or ``None`` when Redis went away."""
+    if pubsub is None:
+        await asyncio.sleep(0.5)
+        return None
+    try:
+        await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        return pubsub
+    except (RedisError, OSError):
+        return None

@@ -1,0 +1,51 @@
+"""``manage.py stop ID [--json]``: stop a launch through the workers and wait for the result.
+
+Exit 0 once the processes are gone and the reservation is released; 1 with what did not come
+back (processes still alive, GPU memory still held) or when the node did not answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+from django.core.management.base import CommandError, CommandParser
+
+from nodes.choices import Role
+from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
+from nodes.models import Launch
+from nodes.tasks import stop_launch
+
+STOP_WAIT_S = 300
+
+
+class Command(OneLineCommand):
+    help = "Stop a launch: SIGTERM, then SIGKILL; verify processes and GPU memory are gone."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("id", type=int)
+        parser.add_argument("--json", action="store_true", help="Print only one JSON document")
+        add_actor_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        actor = resolve_actor(options["actor"], Role.OPERATOR)
+        launch = Launch.objects.filter(pk=options["id"]).first()
+        if launch is None:
+            raise CommandError(f"no launch #{options['id']}", returncode=2)
+        try:
+            result = stop_launch.delay(launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
+        except CeleryTimeout:
+            raise CommandError(
+                f"no worker finished the stop within {STOP_WAIT_S} s: is the panel running?"
+            ) from None
+        launch.refresh_from_db()
+        doc = {**launch.summary(), **result}
+        clean = not result["remaining"] and not result["held_gpus"] and not result["error"]
+        if options["json"]:
+            self.stdout.write(json.dumps(doc))
+        else:
+            self.stdout.write(f"launch #{launch.pk} {launch.status}: {launch.reason}")
+            if result["error"]:
+                self.stdout.write(f"  {result['error']}")
+        raise SystemExit(0 if clean else 1)
