@@ -67,8 +67,9 @@ class Workers:
         self.wait_ready(len(self.procs))
 
     def wait_ready(self, count: int, timeout: float = 60) -> None:
-        from controlpanel.celery import app
+        from celery import Celery
 
+        app = Celery(broker=self.broker_url)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if len(app.control.ping(timeout=0.5) or []) >= count:

@@ -1,0 +1,169 @@
+"""The live log survives the panel's own faults: a Redis restart mid-stream loses nothing, and
+the stream a browser follows (Server-Sent Events) gets every line once, in order."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from nodes.models import Launch, LaunchLogLine
+from nodes.services import discovery
+from tests.conftest import database_url, register_sim_node, start_panel
+from tests.factories import make_user
+from tests.fleet import wait_until
+from tests.sse import follow
+from tests.workers import Workers
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ROOT = Path(__file__).resolve().parent.parent
+CHATTY = (
+    "SGLANG_STANDIN_CHATTER=400 SGLANG_STANDIN_CHATTER_SECONDS=8 python3 -m sglang.launch_server "
+    "--model-path /srv/models/qwen2.5-7b --tp-size 2"
+)
+
+
+class OwnRedis:
+    """A redis-server of the test's own, on a free port, that the test can restart."""
+
+    def __init__(self, logs: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.logs = logs
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=open(self.logs / "redis.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        assert wait_until(lambda: self._answers(), 10), "redis-server did not start"
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        time.sleep(1.0)
+        self.start()
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = OwnRedis(tmp_path)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.kill()
+
+
+def manage(settings, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DATABASE_URL": database_url(settings), "REDIS_URL": redis_url}
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_restarting_redis_mid_stream_loses_no_line(settings, sim_fleet, own_redis, tmp_path):
+    sim = sim_fleet["spare"]
+    sim.reboot()
+    node = register_sim_node(sim)
+    discovery.discover(node.pk)
+    viewer = make_user("vera", "viewer")
+    make_user("olga", "operator")
+    workers = Workers(database_url(settings), own_redis.url)
+    workers.start()
+    panel = start_panel(database_url(settings), own_redis.url, tmp_path)
+    try:
+        started = manage(
+            settings,
+            own_redis.url,
+            "launch",
+            "--node",
+            "spare",
+            "--json",
+            "--actor",
+            "olga",
+            "--",
+            *CHATTY.split(),
+        )
+        assert started.returncode == 0, started.stderr
+        launch = Launch.objects.get(pk=json.loads(started.stdout)["id"])
+        received: list[tuple[int, str, int]] = []
+        url = f"{panel.url}/launches/{launch.pk}/events/"
+        reader = threading.Thread(
+            target=lambda: received.extend(
+                follow(url, panel.cookie_for(viewer), time.monotonic() + 120)
+            )
+        )
+        reader.start()
+        assert wait_until(
+            lambda: (
+                LaunchLogLine.objects.filter(launch=launch, text__contains="Decode batch.").count()
+                > 300
+            ),
+            60,
+        )
+        own_redis.restart()  # mid-stream: the follower and the stream lose their Redis
+        assert wait_until(
+            lambda: LaunchLogLine.objects.filter(
+                launch=launch, text__contains="batches done"
+            ).exists(),
+            60,
+        )
+        stopped = manage(
+            settings, own_redis.url, "stop", str(launch.pk), "--json", "--actor", "olga"
+        )
+        assert stopped.returncode == 0, (stopped.stdout, stopped.stderr)
+        assert json.loads(stopped.stdout)["status"] == "stopped"
+        reader.join(90)
+        assert not reader.is_alive(), "the live stream never said the log was complete"
+    finally:
+        panel.proc.kill()
+        workers.stop()
+    launch.refresh_from_db()
+    seqs = [seq for seq, _, _ in received]
+    assert seqs == list(range(1, launch.last_seq + 1)), "gaps or duplicates in the live stream"
+    texts = [text for _, text, _ in received]
+    done = next(t for t in texts if "batches done" in t)
+    total = int(re.search(r"done: (\d+) lines", done).group(1))
+    counts = [int(m.group(1)) for t in texts if (m := re.search(r"#token: (\d+),", t))]
+    assert counts == list(range(1, total + 1))
+    stored = list(LaunchLogLine.objects.filter(launch=launch).values_list("text", flat=True))
+    assert stored == texts
