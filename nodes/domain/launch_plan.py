@@ -125,7 +125,10 @@ def launch_env(env: dict[str, str], gpus: Sequence[int]) -> dict[str, str]:
 
 
 def check_budget(report: BudgetReport) -> Check:
-    blocks = [m.text for m in report.messages if m.level == "block"]
+    """The memory verdict; flags the version refuses are the ``sglang`` check's to report."""
+    blocks = [
+        m.text for m in report.messages if m.level == "block" and not m.code.startswith("flag_")
+    ]
     warns = [m.text for m in report.messages if m.level == "warn"]
     if blocks:
         return Check("budget", False, "; ".join(blocks))
