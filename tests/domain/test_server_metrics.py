@@ -1,0 +1,66 @@
+"""Effective settings and load figures from a server's own answers (sglang.md §5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from nodes.domain.redact import mask_text, secret_values
+from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
+
+
+def test_effective_settings_keep_what_the_panel_shows():
+    body = json.dumps(
+        {
+            "tp_size": 8,
+            "hicache_size": 37,
+            "mem_fraction_static": 0.85,
+            "api_key": "sk-secret",
+            "internal_states": [
+                {"max_total_num_tokens": 271502, "memory_usage": {"weight": 63.3, "kvcache": 17.8}}
+            ],
+            "version": "0.5.9",
+        }
+    ).encode()
+    settings = effective_settings(body)
+    assert settings["tp_size"] == 8 and settings["hicache_size"] == 37
+    assert settings["max_total_num_tokens"] == 271502
+    assert settings["memory_usage"]["kvcache"] == 17.8
+    assert "api_key" not in settings
+
+
+@pytest.mark.parametrize("body", [b"not json", b"[1, 2]"])
+def test_a_broken_answer_is_an_error(body):
+    with pytest.raises(ServerInfoError):
+        effective_settings(body)
+
+
+def test_metrics_take_rank_zero_for_requests_and_the_fullest_rank_for_token_usage():
+    text = "\n".join(
+        [
+            "# TYPE sglang:token_usage gauge",
+            'sglang:token_usage{model_name="m",tp_rank="0",pp_rank="0"} 0.25',
+            'sglang:token_usage{model_name="m",tp_rank="1",pp_rank="0"} 0.5',
+            'sglang:num_running_reqs{model_name="m",tp_rank="0",pp_rank="0"} 3.0',
+            'sglang:num_running_reqs{model_name="m",tp_rank="1",pp_rank="0"} 3.0',
+            'sglang:num_queue_reqs{model_name="m",tp_rank="0",pp_rank="0"} 1.0',
+            'sglang:gen_throughput{model_name="m",tp_rank="0",pp_rank="0"} 812.5',
+            "other_metric 7",
+        ]
+    )
+    assert summarise_metrics(text) == {
+        "token_usage": 0.5,
+        "num_running_reqs": 3.0,
+        "num_queue_reqs": 1.0,
+        "gen_throughput": 812.5,
+    }
+
+
+def test_secret_values_are_masked_in_log_text():
+    secrets = secret_values(["--api-key", "sk-123456", "--port", "30000"], {"HF_TOKEN": "hf_abc"})
+    assert secrets == ["sk-123456", "hf_abc"]
+    line = "server_args=ServerArgs(api_key='sk-123456', port=30000) token hf_abc"
+    assert (
+        mask_text(line, secrets) == "server_args=ServerArgs(api_key='****', port=30000) token ****"
+    )
