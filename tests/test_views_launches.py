@@ -1,0 +1,167 @@
+"""The launch pages: roles, a form that refuses bad input without saving anything, the log."""
+
+from __future__ import annotations
+
+import gzip
+
+import pytest
+from django.test import AsyncClient
+from django.urls import reverse
+
+from nodes.choices import LaunchStatus
+from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision, Reservation
+from tests.factories import make_node
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def node():
+    return make_node("gpu-01", host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake")
+
+
+@pytest.fixture
+def revision(node):
+    profile = LaunchProfile.objects.create(name="qwen", created_by="pat")
+    return ProfileRevision.objects.create(
+        profile=profile,
+        number=1,
+        args=["--model-path", "/models/qwen", "--tp-size", "2", "--api-key", "sk-xyz"],
+        env={},
+        author="pat",
+        node=node,
+        verdict="ok",
+        report={"lines": [], "messages": []},
+    )
+
+
+def make_launch(revision, node, **fields) -> Launch:
+    fields.setdefault("status", LaunchStatus.READY)
+    return Launch.objects.create(
+        revision=revision,
+        node=node,
+        gpus=[0, 1],
+        port=30000,
+        created_by="olga",
+        startup_timeout_s=60,
+        **fields,
+    )
+
+
+def test_an_operator_launches_a_revision_and_gpus_are_reserved(operator_client, node, revision):
+    response = operator_client.post(
+        reverse("nodes:launch-create"), {"revision": revision.pk, "node": node.pk, "gpus": "2,3"}
+    )
+    launch = Launch.objects.get()
+    assert response.status_code == 302 and response.url == f"/launches/{launch.pk}/"
+    assert launch.gpus == [2, 3] and launch.status == LaunchStatus.PENDING
+    assert set(Reservation.objects.values_list("kind", "number")) == {
+        ("gpu", 2),
+        ("gpu", 3),
+        ("port", 30000),
+    }
+    page = operator_client.get(response.url).content.decode()
+    assert "Pre-flight" in page and "sk-xyz" not in page
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({}, "Choose a profile revision or paste a command"),
+        ({"gpus": "one"}, "GPU indexes separated by commas"),
+        ({"gpus": "0"}, "needs 2 GPU"),
+        ({"gpus": "0,1", "override": ["budget"]}, "Say why"),
+    ],
+)
+def test_bad_input_is_explained_and_nothing_is_saved(
+    operator_client, node, revision, data, message
+):
+    base = {"revision": revision.pk, "node": node.pk}
+    if not data:
+        base["command"] = "python3 -m sglang.launch_server --model-path /m"
+    response = operator_client.post(reverse("nodes:launch-create"), {**base, **data})
+    assert response.status_code == 200
+    assert message in response.content.decode()
+    assert not Launch.objects.exists() and not Reservation.objects.exists()
+
+
+def test_a_pasted_command_on_an_untrusted_node_saves_no_adhoc_profile(operator_client):
+    node = make_node("new-node")
+    response = operator_client.post(
+        reverse("nodes:launch-create"),
+        {"node": node.pk, "command": "python3 -m sglang.launch_server --model-path /m"},
+    )
+    assert "host key is not trusted" in response.content.decode()
+    assert not LaunchProfile.objects.exists()
+
+
+def test_gpus_held_by_a_running_launch_are_refused_clearly(operator_client, node, revision):
+    first = make_launch(revision, node)
+    Reservation.objects.create(node=node, kind="gpu", number=0, launch=first)
+    operator_client.post(
+        reverse("nodes:launch-create"), {"revision": revision.pk, "node": node.pk, "gpus": "0,1"}
+    )
+    second = Launch.objects.exclude(pk=first.pk).get()
+    assert second.status == LaunchStatus.BLOCKED
+    assert f"GPU 0 by launch #{first.pk}" in second.reason
+    assert not second.reservations.exists()
+
+
+def test_viewers_see_launches_but_cannot_launch_or_stop(viewer_client, node, revision):
+    launch = make_launch(revision, node)
+    assert viewer_client.get(reverse("nodes:launch-list")).status_code == 200
+    assert viewer_client.get(reverse("nodes:launch-detail", args=[launch.pk])).status_code == 200
+    assert viewer_client.post(reverse("nodes:launch-create"), {}).status_code == 403
+    assert viewer_client.post(reverse("nodes:launch-stop", args=[launch.pk])).status_code == 403
+    launch.refresh_from_db()
+    assert launch.status == LaunchStatus.READY
+
+
+def test_the_list_filters_by_status_and_node(viewer_client, node, revision):
+    make_launch(revision, node, status=LaunchStatus.FAILED, reason="the server exited")
+    make_launch(revision, node, status=LaunchStatus.READY)
+    page = viewer_client.get(reverse("nodes:launch-list") + "?status=failed").content.decode()
+    assert "the server exited" in page and page.count("badge-ready") == 0
+
+
+def test_lines_after_a_sequence_number_and_the_full_download(viewer_client, node, revision):
+    launch = make_launch(revision, node, status=LaunchStatus.STOPPED, last_seq=3, log_complete=True)
+    LaunchLogLine.objects.bulk_create(
+        LaunchLogLine(launch=launch, seq=i, text=f"line {i}") for i in (1, 2, 3)
+    )
+    doc = viewer_client.get(reverse("nodes:launch-lines", args=[launch.pk]) + "?after=1").json()
+    assert doc["lines"] == [[2, "line 2"], [3, "line 3"]] and doc["ended"]
+    download = viewer_client.get(reverse("nodes:launch-log", args=[launch.pk]))
+    assert b"".join(download.streaming_content) == b"line 1\nline 2\nline 3\n"
+    launch.log_archive = gzip.compress(b"the whole log\n")
+    launch.save()
+    download = viewer_client.get(reverse("nodes:launch-log", args=[launch.pk]))
+    assert download.content == b"the whole log\n"
+
+
+async def _read_stream(response) -> str:
+    parts = []
+    async for chunk in response.streaming_content:
+        parts.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
+    return "".join(parts)
+
+
+def test_the_live_stream_resumes_after_the_last_event_id_and_ends(viewer, node, revision):
+    from asgiref.sync import async_to_sync
+
+    launch = make_launch(revision, node, status=LaunchStatus.STOPPED, last_seq=3, log_complete=True)
+    launch.started = launch.created
+    launch.save()
+    LaunchLogLine.objects.bulk_create(
+        LaunchLogLine(launch=launch, seq=i, text=f"line {i}") for i in (1, 2, 3)
+    )
+    client = AsyncClient()
+    async_to_sync(client.aforce_login)(viewer)
+    url = reverse("nodes:launch-events", args=[launch.pk])
+    response = async_to_sync(client.get)(url, headers={"Last-Event-ID": "1"})
+    body = async_to_sync(_read_stream)(response)
+    assert response["Content-Type"] == "text/event-stream"
+    assert 'id: 3\nevent: lines\ndata: [[2, "line 2"], [3, "line 3"]]' in body
+    assert "line 1" not in body and body.rstrip().endswith("event: end\ndata: {}")
+    anonymous = async_to_sync(AsyncClient().get)(url)
+    assert anonymous.status_code == 403
