@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from nodes.domain.logparse import Progress, advance
 
-STARTUP_059 = """\
-[2026-12-01 10:00:00 TP0] Init torch distributed begin.
-[2026-12-01 10:00:01 TP0] Load weight begin. avail mem=95.41 GB
-Loading safetensors checkpoint shards:  50% Completed | 32/64 [00:04<00:04,  1.20it/s]
-[2026-12-01 10:00:09 TP0] Load weight end. type=DeepseekV3ForCausalLM, dtype=torch.bfloat16, avail mem=32.08 GB, mem usage=63.33 GB.
-[2026-12-01 10:00:09 TP0] KV Cache is allocated. #tokens: 271502, KV size: 17.77 GB
-[2026-12-01 10:00:09 TP0] Capture cuda graph begin. This can take up to several minutes. avail mem=14.01 GB
-[2026-12-01 10:00:12 TP0] Capture cuda graph end. Time elapsed: 3.00 s. mem usage=2.92 GB. avail mem=11.09 GB.
-[2026-12-01 10:00:12 TP0] max_total_num_tokens=271502, chunked_prefill_size=8192, context_len=131072
-[2026-12-01 10:00:12 TP0] Allocating 37.00 GB host memory for hierarchical KV cache.
-[2026-12-01 10:00:12 TP1] Allocating 37.00 GB host memory for hierarchical KV cache.
-[2026-12-01 10:00:14] INFO:     Uvicorn running on http://127.0.0.1:30000 (Press CTRL+C to quit)
-[2026-12-01 10:00:15] The server is fired up and ready to roll!
-"""
+STARTUP_059 = (Path(__file__).parent.parent / "fixtures" / "logs" / "startup-0.5.9.log").read_text()
 
 
 def run(text: str) -> Progress:
