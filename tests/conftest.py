@@ -11,6 +11,7 @@ from django.test import Client
 
 from tests.factories import make_user
 from tests.fleet import bring_up, simfleet
+from tests.panel import start_panel
 
 # The fleet the simulated-node tests share. Each node has a job; tests that leave a node dirty
 # reboot it first (see ``fresh``). Sizes follow the incident: 8 × 96 GiB GPUs, 449 GB of RAM.
@@ -189,58 +190,6 @@ def launch_workers(settings, transactional_db, celery_app_for_tests):
         yield workers
     finally:
         workers.stop()
-
-
-class Panel:
-    """The panel's web server (uvicorn, ASGI, as `./run` starts it) on the test database."""
-
-    def __init__(self, url: str, proc) -> None:
-        self.url = url
-        self.proc = proc
-
-    def cookie_for(self, user) -> str:
-        client = Client()
-        client.force_login(user)
-        return f"sessionid={client.cookies['sessionid'].value}"
-
-
-def start_panel(database: str, redis_url: str, logs: Path):
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "DATABASE_URL": database, "REDIS_URL": redis_url}
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "controlpanel.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-        ],
-        cwd=Path(__file__).resolve().parent.parent,
-        env=env,
-        stdout=open(logs / "panel.log", "ab"),  # noqa: SIM115 — the process owns it
-        stderr=subprocess.STDOUT,
-    )
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-            return Panel(f"http://127.0.0.1:{port}", proc)
-        except OSError:
-            time.sleep(0.1)
-    proc.kill()
-    raise AssertionError("the panel did not start: see panel.log")
 
 
 @pytest.fixture

@@ -22,7 +22,8 @@ FAST = {
 
 
 class Workers:
-    def __init__(self, database_url: str, broker_url: str) -> None:
+    def __init__(self, database_url: str, broker_url: str, stream_threads: int = 16) -> None:
+        self.stream_threads = stream_threads
         self.env = {
             **os.environ,
             **FAST,
@@ -36,7 +37,12 @@ class Workers:
         self.logs.mkdir(exist_ok=True)
 
     def _start(self, queue: str) -> None:
-        pool = ["--pool", "threads", "--concurrency", "16" if queue == "streams" else "4"]
+        pool = [
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(self.stream_threads) if queue == "streams" else "4",
+        ]
         log = open(self.logs / f"{queue}.log", "ab")  # noqa: SIM115 — the process owns it
         self.procs[queue] = subprocess.Popen(
             [

@@ -56,12 +56,14 @@ def serve(
 
 def _chatter(launch: Launch, log: Log) -> None:
     """Under load SGLang logs a line per decode batch; ``SGLANG_STANDIN_CHATTER=N`` (lines/s, for
-    ``SGLANG_STANDIN_CHATTER_SECONDS``) plays such load. Each line carries its write time (ns)
+    ``SGLANG_STANDIN_CHATTER_SECONDS``, starting ``SGLANG_STANDIN_CHATTER_AFTER`` seconds after
+    ready) plays such load. Each line carries its write time (ns)
     so a reader can measure its delay."""
     rate = float(os.environ.get("SGLANG_STANDIN_CHATTER", "0") or 0)
     if rate <= 0:
         return
     seconds = float(os.environ.get("SGLANG_STANDIN_CHATTER_SECONDS", "30") or 30)
+    time.sleep(float(os.environ.get("SGLANG_STANDIN_CHATTER_AFTER", "0") or 0))
     started = time.monotonic()
     count = 0
     while time.monotonic() - started < seconds:
