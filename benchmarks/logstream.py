@@ -152,11 +152,11 @@ def wait(predicate, timeout: float, what: str):
 
 
 def part_one(panel, sims, seconds: int, rate: int) -> list[str]:
+    from nodes.choices import Role
+    from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
     from nodes.services import launches
     from nodes.services.launches import adhoc_revision
-    from nodes.management.cli import resolve_actor
-    from nodes.choices import Role
     from tests.sse import follow
 
     actor = resolve_actor(None, Role.OPERATOR)

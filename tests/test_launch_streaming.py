@@ -19,9 +19,9 @@ import redis
 from nodes.models import Launch, LaunchLogLine
 from nodes.services import discovery
 from tests.conftest import database_url, register_sim_node
-from tests.panel import start_panel
 from tests.factories import make_user
 from tests.fleet import wait_until
+from tests.panel import start_panel
 from tests.sse import follow
 from tests.workers import Workers
 
