@@ -19,6 +19,7 @@ local Redis, and tears all of it down.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import os
@@ -29,13 +30,27 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from tests.panel import Panel
+
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 REDIS_URL = os.environ.get("RANKWISE_BENCH_REDIS_URL", "redis://127.0.0.1:6379/13")
 WRITTEN = re.compile(r"#token: (\d+),.*written_ns=(\d+)")
 MODEL = "--model-path /srv/models/qwen2.5-7b"
+
+
+def number(pattern: re.Pattern[str] | str, text: str, group: int = 1) -> int:
+    match = re.search(pattern, text)
+    if match is None:
+        raise SystemExit(f"no {pattern} in {text!r}")
+    return int(match[group])
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -94,7 +109,9 @@ def register(sims: list[dict[str, object]]) -> None:
         discover(node.pk)
 
 
-def raw_tail(sim: dict[str, object], path: str, stop: threading.Event, out: list) -> None:
+def raw_tail(
+    sim: dict[str, object], path: str, stop: threading.Event, out: list[tuple[int, int, int]]
+) -> None:
     """``ssh node tail -F FILE``: (count, written_ns, received_ns) per decode line."""
     import paramiko
 
@@ -107,7 +124,9 @@ def raw_tail(sim: dict[str, object], path: str, stop: threading.Event, out: list
         allow_agent=False,
         look_for_keys=False,
     )
-    channel = client.get_transport().open_session()
+    transport = client.get_transport()
+    assert transport is not None
+    channel = transport.open_session()
     channel.exec_command(f"tail -n +1 -F {path}")
     channel.settimeout(0.5)
     buffer = b""
@@ -141,7 +160,7 @@ def summarise(name: str, rows: list[tuple[int, int, int]], total: int, since_ns:
     )
 
 
-def wait(predicate, timeout: float, what: str):
+def wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
@@ -151,7 +170,7 @@ def wait(predicate, timeout: float, what: str):
     raise SystemExit(f"timed out waiting for {what}")
 
 
-def part_one(panel, sims, seconds: int, rate: int) -> list[str]:
+def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: int) -> list[str]:
     from nodes.choices import Role
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
@@ -191,7 +210,7 @@ def part_one(panel, sims, seconds: int, rate: int) -> list[str]:
         seconds + 120,
         "the end of the chatter",
     )
-    total = int(re.search(r"done: (\d+) lines", done.text)[1])
+    total = number(r"done: (\d+) lines", done.text)
     launches.stop(launch.pk, actor=actor)
     reader.join(120)
     stop.set()
@@ -208,7 +227,9 @@ def part_one(panel, sims, seconds: int, rate: int) -> list[str]:
     ]
 
 
-def part_two(sims, launches_count: int, seconds: int, rate: int) -> list[str]:
+def part_two(
+    sims: list[dict[str, object]], launches_count: int, seconds: int, rate: int
+) -> list[str]:
     from controlpanel.celery import app
     from nodes.choices import Role
     from nodes.management.cli import resolve_actor
@@ -238,18 +259,16 @@ def part_two(sims, launches_count: int, seconds: int, rate: int) -> list[str]:
         app.send_task("nodes.heartbeat").get(timeout=60)
         beats.append(time.monotonic() - sent)
         time.sleep(max(0.0, 5 - (time.monotonic() - sent)))
+
+    def ended(launch: Launch) -> LaunchLogLine | None:
+        return LaunchLogLine.objects.filter(launch=launch, text__contains="batches done").first()
+
     lost = 0
     for launch in made:
-        done = wait(
-            lambda launch=launch: LaunchLogLine.objects.filter(
-                launch=launch, text__contains="batches done"
-            ).first(),
-            120,
-            "every launch's chatter to end",
-        )
-        total = int(re.search(r"done: (\d+) lines", done.text)[1])
+        done = wait(functools.partial(ended, launch), 120, "every launch's chatter to end")
+        total = number(r"done: (\d+) lines", done.text)
         texts = LaunchLogLine.objects.filter(launch=launch, text__contains="Decode batch.")
-        counts = {int(WRITTEN.search(t)[1]) for t in texts.values_list("text", flat=True)}
+        counts = {number(WRITTEN, t) for t in texts.values_list("text", flat=True)}
         lost += total - len(counts)
     for launch in made:
         launches.stop(launch.pk, actor=actor)

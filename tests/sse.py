@@ -23,7 +23,7 @@ class Event:
 def events(url: str, cookie: str, last_id: str = "", timeout: float = 30) -> Iterator[Event]:
     """Events from ``url`` until the server ends the stream; raises OSError when it breaks."""
     parts = urllib.parse.urlsplit(url)
-    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout)
     headers = {"Cookie": cookie, "Accept": "text/event-stream"}
     if last_id:
         headers["Last-Event-ID"] = last_id
@@ -33,7 +33,7 @@ def events(url: str, cookie: str, last_id: str = "", timeout: float = 30) -> Ite
     response = connection.getresponse()
     if response.status != 200:
         raise OSError(f"{url}: HTTP {response.status}")
-    name, ident, data = "message", "", []
+    name, ident, data = "message", "", list[str]()
     try:
         while True:
             raw = response.fp.readline()
