@@ -36,7 +36,7 @@ def events(url: str, cookie: str, last_id: str = "", timeout: float = 30) -> Ite
     name, ident, data = "message", "", list[str]()
     try:
         while True:
-            raw = response.fp.readline()
+            raw = response.readline()
             if not raw:
                 return
             line = raw.decode().rstrip("\n")
