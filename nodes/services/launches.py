@@ -294,11 +294,31 @@ def claim(launch_id: int, token: str, statuses: tuple[str, ...]) -> bool:
 
 
 def start(launch_id: int) -> None:
-    """Pre-flight, then start the server detached; hands over to the follower."""
+    """Pre-flight, then start the server detached; hands over to the follower.
+
+    A failure of the panel itself (not of the node or the server) makes the launch ``error``.
+    """
     token = pysecrets.token_hex(8)
     if not claim(launch_id, token, (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT)):
         return
     Launch.objects.filter(pk=launch_id).update(status=LaunchStatus.PREFLIGHT)
+    try:
+        _start(launch_id)
+    except Exception as exc:
+        log.exception("launch %s: the panel failed while starting it", launch_id)
+        launch = Launch.objects.get(pk=launch_id)
+        Launch.objects.filter(pk=launch_id, status=LaunchStatus.PREFLIGHT).update(
+            status=LaunchStatus.ERROR,
+            reason=f"the panel failed while starting the launch: {type(exc).__name__}: {exc}",
+            ended=timezone.now(),
+            worker_token="",
+            worker_beat=None,
+        )
+        if Launch.objects.filter(pk=launch_id, status=LaunchStatus.ERROR).exists():
+            release(launch)
+
+
+def _start(launch_id: int) -> None:
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
     node = launch.node
     try:

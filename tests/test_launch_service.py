@@ -1,0 +1,64 @@
+"""Launch steps that need no node: a panel failure, the reconciler's choice of orphans."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from nodes.choices import LaunchStatus
+from nodes.models import Launch, LaunchProfile, ProfileRevision, Reservation
+from nodes.services import launches
+from tests.factories import make_node, make_user
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def launch():
+    node = make_node("gpu-01", host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake")
+    profile = LaunchProfile.objects.create(name="qwen", created_by="pat")
+    revision = ProfileRevision.objects.create(
+        profile=profile,
+        number=1,
+        args=["--model-path", "/m", "--tp-size", "2"],
+        env={},
+        author="pat",
+        node=node,
+        verdict="ok",
+        report={},
+    )
+    return launches.create(node=node, revision=revision, actor=make_user("olga", "operator"))
+
+
+def test_a_panel_failure_while_starting_is_an_error_and_frees_the_gpus(launch, monkeypatch):
+    def broken(launch_id: int) -> None:
+        raise RuntimeError("database went away")
+
+    monkeypatch.setattr(launches, "_start", broken)
+    launches.start(launch.pk)
+    launch.refresh_from_db()
+    assert launch.status == LaunchStatus.ERROR
+    assert "RuntimeError: database went away" in launch.reason
+    assert not Reservation.objects.filter(launch=launch).exists()
+
+
+def test_the_reconciler_adopts_only_launches_whose_worker_is_silent(launch, settings):
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 5)
+    Launch.objects.filter(pk=launch.pk).update(
+        status=LaunchStatus.READY, worker_token="w1", worker_beat=timezone.now(), started=stale
+    )
+    assert launches.orphans() == []
+    Launch.objects.filter(pk=launch.pk).update(worker_beat=stale)
+    assert [o.pk for o in launches.orphans()] == [launch.pk]
+    Launch.objects.filter(pk=launch.pk).update(
+        status=LaunchStatus.STOPPED, ended=timezone.now(), log_complete=True
+    )
+    assert launches.orphans() == []
+
+
+def test_a_second_worker_cannot_take_a_fresh_lease(launch):
+    assert launches.claim(launch.pk, "first", (LaunchStatus.PENDING,))
+    assert not launches.claim(launch.pk, "second", (LaunchStatus.PENDING,))
+    assert launches.claim(launch.pk, "first", (LaunchStatus.PENDING,))
