@@ -146,6 +146,8 @@ MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 # Celery: Redis is the broker and the result store.
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 CELERY_BROKER_URL = REDIS_URL
+# kombu's Redis transport, patched so a worker survives a Redis restart (see the module).
+CELERY_BROKER_TRANSPORT = "controlpanel.celery_transport:Transport"
 CELERY_RESULT_BACKEND = REDIS_URL
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ACKS_LATE = True

@@ -209,8 +209,12 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     else:
 
         def lines() -> Iterator[str]:
-            query = launch.lines.order_by("seq").values_list("text", flat=True)
-            for text in query.iterator(chunk_size=5000):
+            query = launch.lines.order_by("seq").values_list("seq", "text")
+            previous = 0
+            for seq, text in query.iterator(chunk_size=5000):
+                if seq != previous + 1:
+                    yield f"[rankwise: lines {previous + 1}–{seq - 1} were not kept]\n"
+                previous = seq
                 yield text + "\n"
 
         response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")

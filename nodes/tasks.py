@@ -6,6 +6,7 @@ a thread-pool worker, so it never holds a slot that heartbeats, stops and cleanu
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from celery import shared_task
@@ -77,5 +78,15 @@ def reconcile_launches() -> int:
 
 @worker_ready.connect
 def _reconcile_after_start(sender: Any = None, **_: Any) -> None:
-    # A killed worker's leases go stale after the lease time; look once they have.
-    reconcile_launches.apply_async(countdown=settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 1)
+    # A killed worker's leases go stale after the lease time; look once they have. A timer, not
+    # a countdown task: a task held for its ETA is a message a Redis restart could strand.
+    timer = threading.Timer(settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 1, _queue_reconcile)
+    timer.daemon = True
+    timer.start()
+
+
+def _queue_reconcile() -> None:
+    try:
+        reconcile_launches.delay()
+    except Exception:  # noqa: BLE001 — the beat schedule sends the next one
+        return

@@ -8,8 +8,11 @@ import pytest
 from django.utils import timezone
 
 from nodes.choices import LaunchStatus
-from nodes.models import Launch, LaunchProfile, ProfileRevision, Reservation
+from nodes.domain.logparse import Progress
+from nodes.domain.logtext import Piece
+from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision, Reservation
 from nodes.services import launches
+from nodes.services.follower import Follower
 from tests.factories import make_node, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -62,3 +65,19 @@ def test_a_second_worker_cannot_take_a_fresh_lease(launch):
     assert launches.claim(launch.pk, "first", (LaunchStatus.PENDING,))
     assert not launches.claim(launch.pk, "second", (LaunchStatus.PENDING,))
     assert launches.claim(launch.pk, "first", (LaunchStatus.PENDING,))
+
+
+def test_retention_keeps_the_first_and_the_newest_lines(launch, settings):
+    settings.RANKWISE_LOG_LINES_MAX = 1200
+    follower = Follower(launch.pk)
+    assert launches.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
+    follower.offset, follower.seq, follower.secrets = 0, 0, []
+    follower.progress = Progress()
+    for batch in range(30):
+        pieces = [Piece(f"line {batch * 100 + i + 1}", 10) for i in range(100)]
+        follower._store(launch, pieces)
+    launch.refresh_from_db()
+    kept = list(LaunchLogLine.objects.filter(launch=launch).values_list("seq", flat=True))
+    assert kept == list(range(1, 1001)) + list(range(2801, 3001))
+    assert launch.last_seq == 3000 and launch.lines_dropped == 1800
+    assert launch.log_offset == 30000

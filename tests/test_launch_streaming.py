@@ -168,3 +168,23 @@ def test_restarting_redis_mid_stream_loses_no_line(settings, sim_fleet, own_redi
     assert counts == list(range(1, total + 1))
     stored = list(LaunchLogLine.objects.filter(launch=launch).values_list("text", flat=True))
     assert stored == texts
+
+
+def test_a_worker_holding_messages_survives_a_redis_restart(settings, own_redis, transactional_db):
+    from celery import Celery
+
+    workers = Workers(database_url(settings), own_redis.url)
+    workers.start("default")
+    try:
+        before = Celery(broker=own_redis.url)
+        before.send_task(
+            "nodes.reconcile_launches", countdown=120, queue="default"
+        )  # held by the worker (ETA)
+        time.sleep(2)
+        own_redis.restart()
+        time.sleep(3)
+        assert workers.procs["default"].poll() is None, workers.log("default")[-3000:]
+        after = Celery(broker=own_redis.url, backend=own_redis.url)  # a new CLI call, say
+        assert after.send_task("nodes.reconcile_launches", queue="default").get(timeout=60) == 0
+    finally:
+        workers.stop()

@@ -249,3 +249,16 @@ def test_secrets_are_masked_in_the_stored_command_environment_and_log(spare, olg
     audit = json.dumps(list(AuditEntry.objects.values("after")), default=str)
     assert "sk-very-secret" not in audit and "hf_secret_value" not in audit
     assert "--api-key '****'" in launch.revision.command_line()
+
+
+def test_a_rank_killed_after_ready_makes_the_launch_failed_not_running(spare, olga, launch_workers):
+    launch = launches.submit(node=spare, command=SMALL, actor=olga)
+    assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
+    spare.sim.ok("pkill -9 -f '^sglang::scheduler_TP1'")
+    # SGLang 0.5.9 has no liveness watchdog: the server keeps answering, /health says 503.
+    assert wait_for(launch, LaunchStatus.FAILED, timeout=60) == LaunchStatus.FAILED
+    assert "health check failed" in launch.reason or "exited" in launch.reason, launch.reason
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).snapshot, 30)
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 30)
+    assert sglang_processes(spare.sim) == []
+    assert not Reservation.objects.filter(launch=launch).exists()

@@ -409,6 +409,13 @@ def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetRepor
     Launch.objects.filter(pk=launch.pk).update(checks=docs, estimate=estimate)
     launch.checks = docs
     blocking = [c for c in checks if c.blocks]
+    record(
+        "launch.preflight",
+        actor=None,
+        actor_name=launch.created_by,
+        obj=launch,
+        after={"checks": docs, "warnings": estimate["warnings"], "blocked": bool(blocking)},
+    )
     for c in checks:
         if c.override:
             record(
