@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gzip
 import threading
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 from django.test import AsyncClient
@@ -148,10 +150,10 @@ async def _read_stream(response) -> str:
     return "".join(parts)
 
 
-def in_fresh_loop(coroutine):
+def in_fresh_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
     """Run a coroutine on an event loop of its own thread: the browser tests leave Playwright's
     loop on this one, and Django refuses to nest."""
-    box = {}
+    box: dict[str, Any] = {}
     thread = threading.Thread(target=lambda: box.update(value=asyncio.run(coroutine)))
     thread.start()
     thread.join(30)
@@ -167,7 +169,7 @@ def test_the_live_stream_resumes_after_the_last_event_id_and_ends(viewer, node, 
     )
     url = reverse("nodes:launch-events", args=[launch.pk])
 
-    async def fetch():
+    async def fetch() -> tuple[Any, str, int]:
         client = AsyncClient()
         await client.aforce_login(viewer)
         response = await client.get(url, headers={"Last-Event-ID": "1"})
