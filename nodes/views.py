@@ -63,7 +63,14 @@ def node_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     )
     history = AuditEntry.objects.filter(object_type="node", object_id=str(node.pk))[:20]
     events = node.events.all()[:20]
-    context = {"node": node, "history": history, "events": events, "task_id": None}
+    launches = node.launches.select_related("revision__profile")[:10]
+    context = {
+        "node": node,
+        "history": history,
+        "events": events,
+        "launches": launches,
+        "task_id": None,
+    }
     return render(request, "nodes/node_detail.html", context)
 
 

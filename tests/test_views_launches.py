@@ -181,3 +181,9 @@ def test_the_live_stream_resumes_after_the_last_event_id_and_ends(viewer, node, 
     assert 'id: 3\nevent: lines\ndata: [[2, "line 2"], [3, "line 3"]]' in body
     assert "line 1" not in body and body.rstrip().endswith("event: end\ndata: {}")
     assert anonymous == 403
+
+
+def test_the_node_page_lists_its_launches(viewer_client, node, revision):
+    launch = make_launch(revision, node, status=LaunchStatus.FAILED)
+    page = viewer_client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
+    assert f'href="/launches/{launch.pk}/"' in page and "Failed" in page

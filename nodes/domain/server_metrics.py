@@ -64,8 +64,7 @@ def summarise_metrics(text: str) -> dict[str, float]:
     """Load figures from Prometheus text: ``token_usage`` (highest rank, fraction of the KV pool),
     ``num_running_reqs`` and ``num_queue_reqs`` (rank 0: every TP rank sees the same batch),
     ``gen_throughput`` (tokens/s, rank 0)."""
-    wanted = {"token_usage": max, "num_running_reqs": None, "num_queue_reqs": None}
-    wanted["gen_throughput"] = None
+    wanted = ("token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput")
     found: dict[str, list[tuple[str, float]]] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
@@ -82,7 +81,7 @@ def summarise_metrics(text: str) -> dict[str, float]:
         found.setdefault(name, []).append((rank.group(1) if rank else "0", value))
     summary: dict[str, float] = {}
     for name, samples in found.items():
-        if wanted[name] is max:
+        if name == "token_usage":
             summary[name] = max(v for _, v in samples)
         else:
             first = [v for r, v in samples if r == "0"] or [samples[0][1]]

@@ -312,16 +312,19 @@ class Follower:
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _try_ready(self, launch: Launch, client: Any) -> None:
-        """Ready only when /health answers 200 and the server says what it runs with."""
+        """Ready only when /health answers 200 and the server says what it runs with; until
+        then the launch stays ``loading`` (the start-up timeout bounds the wait)."""
         try:
             status, _ = ssh.http_get(client, launch.port, "/health", timeout=HEALTH_TIMEOUT_S)
-            if status != 200:
-                return
-            info = self._server_info(launch, client)
+            info = self._server_info(launch, client) if status == 200 else None
         except ssh.RemoteError as exc:
-            if exc.kind in ("refused", "timeout"):
-                return
-            raise
+            if exc.kind not in ("refused", "timeout"):
+                raise
+            info, status = None, 0
+        if info is None:
+            waiting = f"ready line seen; waiting for /health and /get_server_info ({status})"
+            Launch.objects.filter(pk=launch.pk).exclude(reason=waiting).update(reason=waiting)
+            return
         fields: dict[str, Any] = {
             "status": LaunchStatus.READY,
             "ready_at": timezone.now(),
@@ -337,15 +340,19 @@ class Follower:
         ).update(**fields)
         notify(self.launch_id, self.seq)
 
-    def _server_info(self, launch: Launch, client: Any) -> dict[str, Any]:
+    def _server_info(self, launch: Launch, client: Any) -> dict[str, Any] | None:
+        """The effective settings (``/get_server_info``, or ``/server_info`` where the old
+        path is gone), or ``None`` when neither answered with them yet."""
         for path in ("/get_server_info", "/server_info"):
             status, body = ssh.http_get(client, launch.port, path, headers=self._headers(launch))
             if status == 200:
                 try:
                     return effective_settings(body)
                 except ServerInfoError as exc:
-                    return {"error": str(exc)}
-        return {"error": f"/get_server_info answered {status}"}
+                    log.warning("launch %s: %s answered: %s", launch.pk, path, exc)
+                    return None
+            log.info("launch %s: %s answered %s", launch.pk, path, status)
+        return None
 
     def _metrics(self, launch: Launch, client: Any) -> dict[str, float] | None:
         if not launches.flags_for(launch.revision, launch.node).get("enable_metrics"):

@@ -35,7 +35,7 @@ from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
 from nodes.services import discovery
 from nodes.services.credentials import target_for
-from nodes.services.profiles import DEFAULT_VERSION, model_facts
+from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
 
 log = logging.getLogger(__name__)
 Actor = AbstractBaseUser | AnonymousUser
@@ -100,8 +100,6 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
     flags = parse_command(args, table(version))
     model = model_facts(node, str(flags.get("model_path", default="") or ""))
     flags.env = env
-    from nodes.services.profiles import node_memory
-
     report = check(
         flags,
         node_memory(node),
