@@ -86,26 +86,17 @@ def fleet(state: str, nodes: int, gpus: int) -> list[dict[str, object]]:
 
 
 def register(sims: list[dict[str, object]]) -> None:
+    """As the heartbeat benchmark registers its fleet, then a discovery of each node and the
+    panel's admin (the CLI's operator)."""
     from django.core.management import call_command
 
-    from nodes.choices import Role
-    from nodes.management.cli import resolve_actor
+    from benchmarks.heartbeat import register as register_fleet
     from nodes.models import Node
-    from nodes.services.credentials import create_credential
-    from nodes.services.discovery import discover, offer_host_key, trust_host_key
+    from nodes.services.discovery import discover
 
-    call_command("migrate", verbosity=0)
+    register_fleet(sims)
     call_command("ensure_admin", verbosity=0, stdout=io.StringIO())
-    actor = resolve_actor(None, Role.ADMIN)
-    key = Path(str(sims[0]["key_path"])).read_text()
-    credential = create_credential("bench", key, None, actor=actor)
-    for sim in sims:
-        node = Node.objects.create(
-            name=str(sim["name"]), host=str(sim["host"]), ssh_user="root", credential=credential
-        )
-        offered = offer_host_key(node, actor=actor)
-        node.refresh_from_db()
-        trust_host_key(node, offered.fingerprint, actor=actor)
+    for node in Node.objects.all():
         discover(node.pk)
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -175,6 +177,24 @@ def database_url(settings) -> str:
     if db["ENGINE"].endswith("sqlite3"):
         return f"sqlite:///{db['NAME']}"
     return f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+def manage_py(
+    settings, *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py ARGS`` in a subprocess on the test database, as an operator runs it; acts as
+    the built-in ``cli`` account unless ``RANKWISE_ACTOR`` is in ``env``."""
+    environ = {**os.environ, "DATABASE_URL": database_url(settings), **(env or {})}
+    if "RANKWISE_ACTOR" not in (env or {}):
+        environ.pop("RANKWISE_ACTOR", None)
+    return subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture

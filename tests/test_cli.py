@@ -3,40 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from nodes.models import AuditEntry, Node
+from tests.conftest import manage_py
 
-ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def manage(settings):
     """Run ``manage.py`` against the test database, returning the completed process."""
-    db = settings.DATABASES["default"]
-    if db["ENGINE"].endswith("sqlite3"):
-        url = f"sqlite:///{db['NAME']}"
-    else:
-        url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT'] or 5432}/{db['NAME']}"
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
-        environ = {**os.environ, "DATABASE_URL": url, **env}
-        if "RANKWISE_ACTOR" not in env:
-            environ.pop("RANKWISE_ACTOR", None)
-        return subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=environ,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        return manage_py(settings, *args, env=env)
 
     return run
 

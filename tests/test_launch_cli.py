@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from nodes.models import Launch, LaunchProfile
 from nodes.services import discovery
 from nodes.services.profiles import evaluate, model_facts, save_revision
-from tests.conftest import TEST_REDIS_URL, database_url, register_sim_node
+from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import simfleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parent.parent
 QWEN = ["--model-path", "/srv/models/qwen2.5-7b", "--tp-size", "2"]
 SERVER = ["python3", "-m", "sglang.launch_server"]
 
@@ -26,16 +22,7 @@ SERVER = ["python3", "-m", "sglang.launch_server"]
 @pytest.fixture
 def cli(settings):
     def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "DATABASE_URL": database_url(settings), "REDIS_URL": TEST_REDIS_URL}
-        env.pop("RANKWISE_ACTOR", None)
-        return subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
+        return manage_py(settings, *args, env={"REDIS_URL": TEST_REDIS_URL}, timeout=timeout)
 
     return run
 

@@ -4,11 +4,9 @@ the stream a browser follows (Server-Sent Events) gets every line once, in order
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -18,7 +16,7 @@ import redis
 
 from nodes.models import Launch, LaunchLogLine
 from nodes.services import discovery
-from tests.conftest import database_url, register_sim_node
+from tests.conftest import database_url, manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import wait_until
 from tests.panel import start_panel
@@ -26,7 +24,6 @@ from tests.sse import follow
 from tests.workers import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
-ROOT = Path(__file__).resolve().parent.parent
 CHATTY = (
     "SGLANG_STANDIN_CHATTER=400 SGLANG_STANDIN_CHATTER_SECONDS=8 python3 -m sglang.launch_server "
     "--model-path /srv/models/qwen2.5-7b --tp-size 2"
@@ -90,15 +87,7 @@ def own_redis(tmp_path):
 
 
 def manage(settings, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DATABASE_URL": database_url(settings), "REDIS_URL": redis_url}
-    return subprocess.run(
-        [sys.executable, "manage.py", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return manage_py(settings, *args, env={"REDIS_URL": redis_url}, timeout=300)
 
 
 def test_restarting_redis_mid_stream_loses_no_line(settings, sim_fleet, own_redis, tmp_path):
