@@ -6,7 +6,7 @@ from typing import Any
 
 from django import forms
 
-from nodes.domain.launch_plan import CHECK_NAMES, NOT_OVERRIDABLE
+from nodes.domain.launch_plan import CHECK_NAMES, NOT_OVERRIDABLE, PlanError, parse_gpu_list
 from nodes.models import Node, ProfileRevision
 
 OVERRIDABLE = [(n, n) for n in CHECK_NAMES if n not in NOT_OVERRIDABLE]
@@ -58,17 +58,19 @@ class LaunchForm(forms.Form):
         if not text:
             return None
         try:
-            gpus = [int(p) for p in text.replace(" ", "").split(",") if p]
-        except ValueError:
-            raise forms.ValidationError("GPU indexes separated by commas, e.g. 0,1") from None
-        if not gpus or any(g < 0 or g > 1023 for g in gpus):
-            raise forms.ValidationError("GPU indexes separated by commas, e.g. 0,1")
-        return gpus
+            return parse_gpu_list(text)
+        except PlanError as exc:
+            raise forms.ValidationError(str(exc)) from None
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if bool(data.get("revision")) == bool((data.get("command") or "").strip()):
+        if "command" in self.errors:
+            return data
+        has_command = bool((data.get("command") or "").strip())
+        if data.get("revision") and has_command:
             raise forms.ValidationError("Choose a profile revision or paste a command, not both.")
+        if not data.get("revision") and not has_command and "revision" not in self.errors:
+            raise forms.ValidationError("Choose a profile revision or paste a command.")
         if data.get("override") and not (data.get("reason") or "").strip():
             self.add_error("reason", "Say why the failed checks may be ignored.")
         return data

@@ -24,7 +24,8 @@ from nodes.views import HtmxHttpRequest, _redirect
 @require_GET
 @login_required
 def profile_list(request: HtmxHttpRequest) -> HttpResponse:
-    profiles = LaunchProfile.objects.prefetch_related("revisions")
+    # Ad-hoc profiles (one pasted command each) live on their launch pages, not in this list.
+    profiles = LaunchProfile.objects.filter(adhoc=False).prefetch_related("revisions")
     return render(request, "nodes/profile_list.html", {"profiles": profiles})
 
 

@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from nodes.models import Launch, LaunchProfile
+from nodes.models import AuditEntry, Launch, LaunchProfile
 from nodes.services import discovery
 from nodes.services.profiles import evaluate, model_facts, save_revision
 from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
@@ -70,6 +70,40 @@ def test_blocked_preflight_exits_2_with_the_checks_as_json(cli, spare, launch_wo
         (["--node", "spare", "--timeout", "-1", "--", *SERVER, *QWEN], "--timeout"),
         (["--node", "spare", "--profile", "missing@1"], "no profile named"),
         (["--node", "spare", "--", *SERVER, "--model-path", "/m", "--nnodes", "2"], "multi-node"),
+        (["--node", "spare", "--", *SERVER, *QWEN, "--port", "0"], "not a TCP port"),
+        (["--node", "spare", "--", *SERVER, *QWEN, "--port", "70000"], "not a TCP port"),
+        (["--node", "spare", "--", *SERVER, *QWEN, "--nccl-port", "-5"], "not a TCP port"),
+        (
+            ["--node", "spare", "--", *SERVER, "--model-path", "/m", "--tp-size", "abc"],
+            "refuses the command: argument --tp-size",
+        ),
+        (["--node", "spare", "--gpus", "0,0", "--", *SERVER, *QWEN], "listed twice"),
+        (["--node", "spare", "--gpus", "\u0661", "--", *SERVER, *QWEN], "expected GPU indexes"),
+        (["--node", "spare", "--profile", "x@\u00b2"], "must be a number"),
+        (
+            ["--node", "spare", "--", "X$(touch /tmp/pwn)=1", *SERVER, *QWEN],
+            "not an environment variable name",
+        ),
+        (["--node", "spare", "--", "rm", "-rf", "/x", "&&", *SERVER, *QWEN], "would not be run"),
+        (
+            [
+                "--node",
+                "spare",
+                "--override",
+                "shm",
+                "--reason",
+                "a",
+                "--override",
+                "shm",
+                "--reason",
+                "b",
+                "--",
+                *SERVER,
+                *QWEN,
+            ],
+            "given twice",
+        ),
+        (["--node", "spare", "--timeout", "1e30", "--", *SERVER, *QWEN], "between 1 and"),
     ],
 )
 def test_unusable_input_exits_2_with_one_line_and_creates_nothing(cli, spare, args, message):
@@ -173,3 +207,28 @@ def test_wait_end_exits_1_when_the_server_dies(cli, spare, launch_workers):
     assert doc["status"] == "failed" and "exited with status 2" in doc["reason"]
     log = cli("launch-log", str(doc["id"]))
     assert "unrecognized arguments: --no-such-flag" in log.stdout
+
+
+def test_a_secret_in_a_refused_flag_never_shows(cli, spare, launch_workers):
+    done = cli(
+        "launch",
+        "--node",
+        "spare",
+        "--actor",
+        "olga",
+        "--json",
+        "--",
+        *SERVER,
+        *QWEN,
+        "--api-keys",
+        "SEKRETKS2",
+        "--ap",
+        "SEKRETAP1",
+    )
+    assert done.returncode == 2, done.stderr
+    assert "SEKRET" not in done.stdout and "****" in done.stdout
+    launch = Launch.objects.get(pk=json.loads(done.stdout)["id"])
+    shown = json.dumps([launch.checks, launch.reason, launch.revision.report])
+    assert "SEKRET" not in shown
+    audit = json.dumps(list(AuditEntry.objects.values("before", "after")), default=str)
+    assert "SEKRET" not in audit

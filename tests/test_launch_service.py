@@ -81,3 +81,24 @@ def test_retention_keeps_the_first_and_the_newest_lines(launch, settings):
     assert kept == list(range(1, 1001)) + list(range(2801, 3001))
     assert launch.last_seq == 3000 and launch.lines_dropped == 1800
     assert launch.log_offset == 30000
+
+
+def test_a_second_stop_waits_for_the_first_and_acts_only_once(launch):
+    import threading
+
+    from nodes.models import AuditEntry
+
+    Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.STOPPING)
+
+    def first_stop_finishes() -> None:
+        from django.db import connection
+
+        Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.STOPPED)
+        connection.close()
+
+    timer = threading.Timer(1.0, first_stop_finishes)
+    timer.start()
+    outcome = launches.stop(launch.pk, actor=make_user("pat", "operator"))
+    timer.join()
+    assert outcome.launch.status == LaunchStatus.STOPPED and not outcome.error
+    assert not AuditEntry.objects.filter(action="launch.stop").exists()

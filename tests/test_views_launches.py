@@ -187,3 +187,20 @@ def test_the_node_page_lists_its_launches(viewer_client, node, revision):
     launch = make_launch(revision, node, status=LaunchStatus.FAILED)
     page = viewer_client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
     assert f'href="/launches/{launch.pk}/"' in page and "Failed" in page
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"command": "python3 -m sglang.launch_server --model-path /m\x00"}, "Null characters"),
+        ({"command": "  "}, "Choose a profile revision or paste a command."),
+        (
+            {"command": "cd /x && python3 -m sglang.launch_server --model-path /m"},
+            "would not be run",
+        ),
+    ],
+)
+def test_the_form_says_what_is_wrong_with_a_pasted_command(operator_client, node, data, message):
+    response = operator_client.post(reverse("nodes:launch-create"), {"node": node.pk, **data})
+    assert message in response.content.decode()
+    assert not Launch.objects.exists() and not LaunchProfile.objects.exists()

@@ -272,7 +272,9 @@ def _device_pool(
         )
         return _Device(None, None, cell)
     total = min(node.gpu_memory_bytes)
-    used = max(node.gpu_used_bytes) if node.gpu_used_bytes else 0
+    # The ranks take the least-used GPUs; the fullest of those bounds every rank's pool.
+    busy = sorted(node.gpu_used_bytes or (0,))
+    used = busy[min(len(busy), max(1, tp * pp)) - 1]
     pre = total - used - CUDA_CONTEXT_BYTES
     mfs = flags.get("mem_fraction_static")
     mfs = float(mfs) if mfs is not None else default_mem_fraction(total, tp, pp)

@@ -6,6 +6,7 @@ The checks' ``name`` is what an operator passes to ``--override`` to launch desp
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -88,6 +89,26 @@ def ports_needed(flags: ParsedCommand) -> list[int]:
     if flags.get("enable_dp_attention", default=False):
         ports.append(port + ZMQ_TCP_PORT_DELTA)
     return sorted(set(ports))
+
+
+def parse_gpu_list(text: str) -> list[int]:
+    """``"0,1,2"`` → ``[0, 1, 2]``: ASCII digits only, no empty or repeated entries. Raises
+    ``PlanError``."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip() or any(not re.fullmatch(r"[0-9]{1,4}", p) for p in parts):
+        raise PlanError(f"{text[:40]!r}: expected GPU indexes separated by commas, e.g. 0,1,2")
+    gpus = [int(p) for p in parts]
+    repeated = sorted({g for g in gpus if gpus.count(g) > 1})
+    if repeated:
+        raise PlanError(f"GPU {repeated[0]} is listed twice")
+    return gpus
+
+
+def check_port_numbers(ports: Iterable[int]) -> None:
+    """Raises ``PlanError`` for a port no TCP server can listen on."""
+    bad = [p for p in ports if not 1 <= p <= 65535]
+    if bad:
+        raise PlanError(f"port {bad[0]} is not a TCP port (1–65535)")
 
 
 def choose_gpus(

@@ -16,7 +16,11 @@ def is_secret_flag(flag: str) -> bool:
     name = flag.lower()
     if any(word in name for word in FLAG_WORDS):
         return True
-    return len(name) >= 5 and any(s.startswith(name) for s in SECRET_FLAGS)
+    # Any prefix argparse might expand (``--ap`` → ``--api-key``); masking a value that was not
+    # secret only hides it, the reverse would leak it.
+    return (
+        len(name) >= 3 and name.startswith("--") and any(s.startswith(name) for s in SECRET_FLAGS)
+    )
 
 
 def redact_args(args: list[str]) -> list[str]:

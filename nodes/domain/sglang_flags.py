@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import re
 import shlex
 from dataclasses import dataclass, field
 from typing import Any
@@ -189,21 +190,42 @@ def build_parser(table: FlagTable) -> argparse.ArgumentParser:
 def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
     """A pasted launch command → (flags after the launcher, leading ``VAR=value`` settings).
 
-    Accepts ``python3 -m sglang.launch_server …``, ``sglang serve …`` or bare flags; raises
-    ``ValueError`` for unbalanced quotes.
+    Accepts ``python3 -m sglang.launch_server …``, ``sglang serve …`` or bare flags, after
+    ``VAR=value`` or ``export VAR=value`` settings; raises ``ValueError`` for unbalanced quotes
+    and for anything else before the launcher (``cd /x &&``, ``sudo``), which would not run.
     """
     words = shlex.split(command.replace("\\\n", " ")) if isinstance(command, str) else list(command)
     env: dict[str, str] = {}
     if words[:1] == ["env"]:
         words.pop(0)
-    while words and "=" in words[0] and not words[0].startswith("-"):
-        key, _, value = words.pop(0).partition("=")
+    while words and (words[0] == "export" or ("=" in words[0] and not words[0].startswith("-"))):
+        word = words.pop(0)
+        if word == "export":
+            continue
+        key, _, value = word.partition("=")
         env[key] = value
     for launcher in LAUNCHERS:
         for i in range(len(words) - len(launcher) + 1):
             if words[i : i + len(launcher)] == launcher:
+                if not _runs_launcher(words[:i], launcher):
+                    raise ValueError(
+                        f"{shlex.join(words[:i])[:80]!r} before the launcher would not be run; "
+                        "paste only VAR=value settings and the command"
+                    )
                 return words[i + len(launcher) :], env
     return words, env
+
+
+def _runs_launcher(prefix: list[str], launcher: list[str]) -> bool:
+    """Only an interpreter (``python3``, ``/opt/venv/bin/python``, with its own ``-X`` style
+    options) may stand before ``-m sglang.launch_server``; nothing before ``sglang serve``."""
+    if launcher[0] != "-m":
+        return not prefix
+    return (
+        bool(prefix)
+        and re.fullmatch(r"python[0-9.]*", prefix[0].rsplit("/", 1)[-1]) is not None
+        and all(word.startswith("-") for word in prefix[1:])
+    )
 
 
 def parse_command(argv: list[str], table: FlagTable) -> ParsedCommand:

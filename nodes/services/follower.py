@@ -32,7 +32,10 @@ from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
 HEAD_LINES_KEPT = 1000
+# How often the node is asked whether the launch's processes live: often while it starts or
+# ends, less once it serves (each ask starts a small Python on the node).
 STATUS_EVERY_S = 1.0
+STATUS_EVERY_READY_S = 5.0
 HEALTH_FAILURES_TOLERATED = 3
 HEALTH_TIMEOUT_S = 25.0  # SGLang's /health waits up to 20 s for a generation (§5)
 _redis: redis.Redis | None = None
@@ -154,8 +157,7 @@ class Follower:
         self.health_failures = 0
         splitter = LineSplitter()
         stream = ssh.stream(client, ["tail", "-c", f"+{self.offset + 1}", "-F", status["log"]])
-        next_check = 0.0
-        next_health = 0.0
+        next_beat = next_check = next_health = 0.0
         quiet_since = time.monotonic()
         try:
             while True:
@@ -168,18 +170,18 @@ class Follower:
                     if advance(self.progress, splitter.pending, partial=True):
                         self._save_progress(launch)
                 now = time.monotonic()
-                if now < next_check:
+                if now < next_beat:
                     continue
-                next_check = now + STATUS_EVERY_S
+                next_beat = now + STATUS_EVERY_S
                 launch = self._beat()
-                status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
-                if not status["alive"]:
-                    if not self._drained(launch, status, splitter, quiet_since):
-                        continue
-                    self._ended(launch, status)
-                    return
-                if launch.status in LAUNCH_ENDED:
-                    continue  # a stop or a failure is taking the group down; keep reading
+                if launch.status != LaunchStatus.READY or now >= next_check:
+                    next_check = now + STATUS_EVERY_READY_S
+                    status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
+                    if not status["alive"]:
+                        if not self._drained(launch, status, splitter, quiet_since):
+                            continue
+                        self._ended(launch, status)
+                        return
                 if launch.status in (LaunchStatus.STARTING, LaunchStatus.LOADING):
                     if self._started_too_long(launch):
                         launches.fail(

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets as pysecrets
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -29,7 +31,7 @@ from nodes.choices import LAUNCH_ACTIVE, LAUNCH_ENDED, LAUNCH_RUNNING, LaunchSta
 from nodes.domain import launch_plan as plan
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.probe_parse import NodeFacts
-from nodes.domain.redact import redact_args, redact_env
+from nodes.domain.redact import mask_text, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
@@ -68,13 +70,13 @@ def flags_for(revision: ProfileRevision, node: Node) -> ParsedCommand:
 
 def resolve_profile(spec: str) -> ProfileRevision:
     """``NAME`` (latest revision) or ``NAME@REV``; raises ``LaunchInputError``."""
-    name, _, number = spec.partition("@")
+    name, at, number = spec.partition("@")
+    if at and not re.fullmatch(r"[0-9]{1,9}", number):
+        raise LaunchInputError(f"{spec!r}: the revision after @ must be a number")
     profile = LaunchProfile.objects.filter(name=name).first()
     if profile is None:
         raise LaunchInputError(f"no profile named {name!r}")
     if number:
-        if not number.isdigit():
-            raise LaunchInputError(f"{spec!r}: the revision after @ must be a number")
         revision = profile.revisions.filter(number=int(number)).first()
         if revision is None:
             raise LaunchInputError(f"profile {name!r} has no revision {number}")
@@ -96,6 +98,9 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
         raise LaunchInputError(str(exc)) from None
     if not args:
         raise LaunchInputError("the command has no flags: give at least --model-path")
+    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", k)]
+    if bad:
+        raise LaunchInputError(f"{bad[0][:40]!r} is not an environment variable name")
     version = node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     model = model_facts(node, str(flags.get("model_path", default="") or ""))
@@ -124,9 +129,16 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
             node=node,
             sglang_version=version,
             verdict=report.verdict,
-            report=report.to_json(),
+            report=masked(report.to_json(), args, env),
             geometry_source=model.source,
         )
+
+
+def masked(doc: Any, args: list[str], env: dict[str, str]) -> Any:
+    """``doc`` (JSON-ready) with the command's secret values masked wherever they appear, e.g.
+    in argparse's "unrecognized arguments: VALUE" after a mistyped ``--api-keys VALUE``."""
+    secrets = secret_values(args, env)
+    return json.loads(mask_text(json.dumps(doc), [json.dumps(v)[1:-1] for v in secrets]))
 
 
 def create(
@@ -161,8 +173,18 @@ def create(
     if timeout_s is not None and timeout_s <= 0:
         raise LaunchInputError("the start-up timeout must be a positive number of seconds")
     flags = flags_for(revision, node)
+    if not flags.values:  # argparse refused the command: SGLang would exit before starting
+        problem = "; ".join(i.message for i in flags.issues)
+        raise LaunchInputError(
+            masked(
+                f"SGLang {node.sglang_version or DEFAULT_VERSION} refuses the command: {problem}",
+                list(revision.args),
+                dict(revision.env or {}),
+            )
+        )
     try:
         ranks = plan.ranks_needed(flags)
+        plan.check_port_numbers(plan.ports_needed(flags))
         busy = set(
             Reservation.objects.filter(node=node, kind="gpu").values_list("number", flat=True)
         )
@@ -396,7 +418,7 @@ def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str
 
 def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetReport) -> bool:
     """Store the checks; block the launch if one fails without an override. True to go on."""
-    docs = [c.to_json() for c in checks]
+    docs = masked([c.to_json() for c in checks], list(launch.revision.args), launch.revision.env)
     estimate = {
         "verdict": report.verdict,
         "device_kv_tokens_per_rank": report.device_kv_tokens_per_rank,
@@ -406,7 +428,7 @@ def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetRepor
     }
     Launch.objects.filter(pk=launch.pk).update(checks=docs, estimate=estimate)
     launch.checks = docs
-    blocking = [c for c in checks if c.blocks]
+    blocking = {c.name for c in checks if c.blocks}
     record(
         "launch.preflight",
         actor=None,
@@ -424,7 +446,8 @@ def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetRepor
                 after={"check": c.name, "reason": c.override, "detail": c.detail},
             )
     if blocking:
-        _block(launch, docs, "; ".join(f"{c.name}: {c.detail}" for c in blocking))
+        why = "; ".join(f"{c['name']}: {c['detail']}" for c in docs if c["name"] in blocking)
+        _block(launch, docs, why)
         return False
     return True
 
@@ -527,11 +550,13 @@ def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) ->
         # Nothing to stop; what it still holds is what cleanup must free.
         held = {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
         return StopOutcome(launch, held_gpus=held)
-    record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
     before = launch.status
-    Launch.objects.filter(pk=launch.pk, status__in=LAUNCH_ACTIVE).update(
+    stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
+    if not Launch.objects.filter(pk=launch.pk, status__in=stoppable).update(
         status=LaunchStatus.STOPPING, resume_status=before
-    )
+    ):
+        return _await_other_stop(launch)
+    record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
     try:
         result = stop_remote(launch)
     except ssh.RemoteError as exc:
@@ -549,6 +574,18 @@ def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) ->
     )
     launch.refresh_from_db()
     return StopOutcome(launch, remaining=remaining, held_gpus=held)
+
+
+def _await_other_stop(launch: Launch) -> StopOutcome:
+    """Someone else is stopping this launch: report what their stop leaves."""
+    deadline = time.monotonic() + settings.RANKWISE_STOP_GRACE_SECONDS + 60
+    while time.monotonic() < deadline:
+        launch.refresh_from_db()
+        if launch.status in LAUNCH_ENDED:
+            held = {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
+            return StopOutcome(launch, held_gpus=held)
+        time.sleep(0.5)
+    return StopOutcome(launch, error="another stop of this launch has not finished")
 
 
 def fail(launch_id: int, reason: str) -> bool:

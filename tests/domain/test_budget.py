@@ -357,3 +357,14 @@ def test_when_a_larger_size_fits_it_is_the_suggestion():
 def test_a_size_without_the_cache_flag_is_pointed_out():
     report = run("--model-path /m --hicache-size 40")
     assert "hicache_ignored" in codes(report)
+
+
+def test_a_busy_gpu_elsewhere_on_the_node_does_not_shrink_a_smaller_launch():
+    busy = NodeMemory(
+        (96 * GiB,) * 8, 449 * GB, gpu_used_bytes=(0, 0, 0, 0, 0, 0, 80 * GiB, 80 * GiB)
+    )
+    command = "python3 -m sglang.launch_server --model-path /m --tp-size 2"
+    model = {"geometry": from_config(LLAMA_70B), "weights_bytes": 141 * GB}
+    assert run(command, busy, **model).verdict == run(command, NODE, **model).verdict == "ok"
+    assert "− 0 GiB used" in text(run(command, busy, **model))
+    assert "− 80 GiB used" in text(run(command.replace("2", "8"), busy, **model))

@@ -109,3 +109,27 @@ def test_overrides_apply_only_to_failed_overridable_checks():
     assert [c.blocks for c in checks] == [False, True, False]
     assert checks[0].override == "on purpose" and checks[2].override == ""
     assert plan.unknown_overrides(["budget", "reservation", "nope"]) == ["reservation", "nope"]
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("0,0", "GPU 0 is listed twice"),
+        ("1,,", "expected GPU indexes"),
+        ("\u0661", "expected GPU indexes"),  # an Arabic-Indic digit
+        ("+1", "expected GPU indexes"),
+        ("1_0", "expected GPU indexes"),
+        ("-1", "expected GPU indexes"),
+        ("", "expected GPU indexes"),
+    ],
+)
+def test_gpu_lists_are_plain_ascii_indexes_each_once(text, message):
+    with pytest.raises(plan.PlanError, match=message):
+        plan.parse_gpu_list(text)
+    assert plan.parse_gpu_list(" 3, 1 ") == [3, 1]
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, 10**20])
+def test_ports_outside_tcp_are_refused(port):
+    with pytest.raises(plan.PlanError, match="is not a TCP port"):
+        plan.check_port_numbers([30000, port])

@@ -64,3 +64,27 @@ def test_secret_values_are_masked_in_log_text():
     assert (
         mask_text(line, secrets) == "server_args=ServerArgs(api_key='****', port=30000) token ****"
     )
+
+
+@pytest.mark.parametrize("flag", ["--ap", "--api", "--api-k", "--admin", "--ssl-keyfile-pass"])
+def test_abbreviated_secret_flags_are_masked(flag):
+    from nodes.domain.redact import redact_args
+
+    assert redact_args([flag, "SEKRET"]) == [flag, "****"]
+    assert secret_values([f"{flag}=SEKRET"], {}) == ["SEKRET"]
+
+
+def test_text_before_the_launcher_is_refused_not_dropped():
+    from nodes.domain.sglang_flags import split_command
+
+    assert split_command("export HF_TOKEN=x\npython3 -m sglang.launch_server --model-path /m") == (
+        ["--model-path", "/m"],
+        {"HF_TOKEN": "x"},
+    )
+    assert split_command("/opt/v/bin/python3.11 -u -m sglang.launch_server --tp 2")[0] == [
+        "--tp",
+        "2",
+    ]
+    for pasted in ("rm -rf /x && python3 -m sglang.launch_server --tp 2", "sudo sglang serve"):
+        with pytest.raises(ValueError, match="before the launcher would not be run"):
+            split_command(pasted)

@@ -26,7 +26,7 @@ class Command(OneLineCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         launch = Launch.objects.filter(pk=options["id"]).first()
         if launch is None:
-            raise CommandError(f"no launch #{options['id']}")
+            raise CommandError(f"no launch #{options['id']}", returncode=2)
         after = 0
         while True:
             for seq, text in launch.lines.filter(seq__gt=after).values_list("seq", "text")[:5000]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from typing import Any
@@ -21,24 +22,21 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
+from nodes.domain.launch_plan import PlanError, parse_gpu_list
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Launch, Node
 from nodes.services import launches
 
 PREFLIGHT_WAIT_S = 600
+MAX_TIMEOUT_S = 7 * 24 * 3600
 READY = (LaunchStatus.READY,)
 
 
 def parse_gpus(text: str) -> list[int]:
     try:
-        gpus = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise CommandError(
-            f"--gpus {text!r}: expected GPU indexes like 0,1,2", returncode=2
-        ) from None
-    if not gpus or any(g < 0 for g in gpus):
-        raise CommandError(f"--gpus {text!r}: expected GPU indexes like 0,1,2", returncode=2)
-    return gpus
+        return parse_gpu_list(text)
+    except PlanError as exc:
+        raise CommandError(f"--gpus {exc}", returncode=2) from None
 
 
 def launch_json(launch: Launch) -> dict[str, Any]:
@@ -85,9 +83,14 @@ class Command(OneLineCommand):
             raise CommandError("give either --profile NAME[@REV] or -- COMMAND", returncode=2)
         if len(options["override"]) != len(options["reason"]):
             raise CommandError("every --override needs its own --reason", returncode=2)
+        twice = sorted({c for c in options["override"] if options["override"].count(c) > 1})
+        if twice:
+            raise CommandError(f"--override {twice[0]} is given twice", returncode=2)
         timeout = options["timeout"]
-        if timeout is not None and not (0 < timeout < 10**7):
-            raise CommandError("--timeout must be a positive number of seconds", returncode=2)
+        if timeout is not None and not (1 <= timeout <= MAX_TIMEOUT_S):
+            raise CommandError(
+                f"--timeout must be between 1 and {MAX_TIMEOUT_S} seconds", returncode=2
+            )
         try:
             revision = launches.resolve_profile(options["profile"]) if options["profile"] else None
             launch = launches.submit(
@@ -97,7 +100,7 @@ class Command(OneLineCommand):
                 actor=actor,
                 gpus=parse_gpus(options["gpus"]) if options["gpus"] else None,
                 overrides=dict(zip(options["override"], options["reason"], strict=True)),
-                timeout_s=int(timeout) if timeout else None,
+                timeout_s=math.ceil(timeout) if timeout else None,
             )
         except launches.LaunchInputError as exc:
             raise CommandError(str(exc), returncode=2) from None
