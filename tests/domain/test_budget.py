@@ -364,7 +364,7 @@ def test_a_busy_gpu_elsewhere_on_the_node_does_not_shrink_a_smaller_launch():
         (96 * GiB,) * 8, 449 * GB, gpu_used_bytes=(0, 0, 0, 0, 0, 0, 80 * GiB, 80 * GiB)
     )
     command = "python3 -m sglang.launch_server --model-path /m --tp-size 2"
-    model = {"geometry": from_config(LLAMA_70B), "weights_bytes": 141 * GB}
+    model: dict[str, Any] = {"geometry": from_config(LLAMA_70B), "weights_bytes": 141 * GB}
     assert run(command, busy, **model).verdict == run(command, NODE, **model).verdict == "ok"
     assert "− 0 GiB used" in text(run(command, busy, **model))
     assert "− 80 GiB used" in text(run(command.replace("2", "8"), busy, **model))
