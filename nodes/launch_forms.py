@@ -30,11 +30,24 @@ class LaunchForm(forms.Form):
         help_text="Pasted as run, e.g. HF_TOKEN=… python3 -m sglang.launch_server --model-path …"
         " It is stored as an ad-hoc revision.",
     )
+    # A blocked ad-hoc launch is relaunched with its own revision (the real values of its
+    # secrets stay in the database, never in the page).
+    adhoc_revision = forms.ModelChoiceField(
+        ProfileRevision.objects.filter(profile__adhoc=True),
+        required=False,
+        widget=forms.HiddenInput,
+    )
     node = forms.ModelChoiceField(Node.objects.all())
     gpus = forms.CharField(
         required=False,
         label="GPUs",
         help_text="Indexes, e.g. 0,1,2,3. Empty: the first free GPUs, as many as the ranks need.",
+    )
+    port = forms.IntegerField(
+        required=False,
+        min_value=1,
+        max_value=65535,
+        help_text="Empty: the profile's --port (30000 by default).",
     )
     override = forms.MultipleChoiceField(
         choices=OVERRIDABLE,
@@ -66,6 +79,8 @@ class LaunchForm(forms.Form):
         data = super().clean() or {}
         if "command" in self.errors:
             return data
+        if data.get("adhoc_revision") and not data.get("revision"):
+            data["revision"] = data["adhoc_revision"]
         has_command = bool((data.get("command") or "").strip())
         if data.get("revision") and has_command:
             raise forms.ValidationError("Choose a profile revision or paste a command, not both.")

@@ -85,6 +85,7 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
                     gpus=data["gpus"],
                     overrides=form.overrides(),
                     timeout_s=data["timeout"],
+                    port=data["port"],
                     actor=request.user,
                     request=request,
                 )
@@ -154,7 +155,9 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
         "relaunch": LaunchForm(
             initial={
-                "revision": launch.revision_id if not launch.adhoc else None,
+                "revision": None if launch.adhoc else launch.revision_id,
+                "adhoc_revision": launch.revision_id if launch.adhoc else None,
+                "port": launch.port,
                 "node": launch.node_id,
                 "gpus": launch.gpu_list(),
                 "override": [c["name"] for c in launch.checks or [] if not c.get("passed")],

@@ -243,6 +243,8 @@ class Launch(models.Model):
     overrides = models.JSONField(default=dict, blank=True)
     progress = models.JSONField(default=dict, blank=True)
     estimate = models.JSONField(null=True, blank=True)
+    # Memory each reserved GPU held before the launch (bytes by index), as pre-flight read it.
+    gpu_used_before = models.JSONField(null=True, blank=True)
     created_by = models.CharField(max_length=150)
     created = models.DateTimeField(auto_now_add=True, db_index=True)
     started = models.DateTimeField(null=True, blank=True)

@@ -102,3 +102,20 @@ def test_a_second_stop_waits_for_the_first_and_acts_only_once(launch):
     timer.join()
     assert outcome.launch.status == LaunchStatus.STOPPED and not outcome.error
     assert not AuditEntry.objects.filter(action="launch.stop").exists()
+
+
+def test_a_launch_can_move_the_server_to_another_port(launch):
+    moved = launches.create(
+        node=launch.node,
+        revision=launch.revision,
+        actor=make_user("pat", "operator"),
+        gpus=[4, 5],
+        port=31000,
+    )
+    assert moved.status == LaunchStatus.PENDING and moved.port == 31000
+    assert launches.args_of(moved)[-2:] == ["--port", "31000"]
+    assert set(moved.reservations.values_list("kind", "number")) == {
+        ("gpu", 4),
+        ("gpu", 5),
+        ("port", 31000),
+    }

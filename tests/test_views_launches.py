@@ -204,3 +204,38 @@ def test_the_form_says_what_is_wrong_with_a_pasted_command(operator_client, node
     response = operator_client.post(reverse("nodes:launch-create"), {"node": node.pk, **data})
     assert message in response.content.decode()
     assert not Launch.objects.exists() and not LaunchProfile.objects.exists()
+
+
+def test_a_blocked_adhoc_launch_is_launched_again_with_its_own_revision(operator_client, node):
+    profile = LaunchProfile.objects.create(name="ad-hoc x", created_by="olga", adhoc=True)
+    revision = ProfileRevision.objects.create(
+        profile=profile,
+        number=1,
+        args=["--model-path", "/m", "--tp-size", "2"],
+        env={"HF_TOKEN": "hf_real"},
+        author="olga",
+        node=node,
+        verdict="ok",
+        report={},
+    )
+    blocked = make_launch(
+        revision,
+        node,
+        status=LaunchStatus.BLOCKED,
+        checks=[{"name": "shm", "passed": False, "detail": "/dev/shm is 64 MiB", "override": ""}],
+    )
+    page = operator_client.get(reverse("nodes:launch-detail", args=[blocked.pk])).content
+    assert b"hf_real" not in page and b"Launch again" in page
+    response = operator_client.post(
+        reverse("nodes:launch-create"),
+        {
+            "adhoc_revision": revision.pk,
+            "node": node.pk,
+            "gpus": "0,1",
+            "override": ["shm"],
+            "reason": "small model",
+        },
+    )
+    again = Launch.objects.exclude(pk=blocked.pk).get()
+    assert response.status_code == 302 and again.revision == revision
+    assert again.overrides == {"shm": "small model"}

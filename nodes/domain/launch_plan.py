@@ -104,6 +104,32 @@ def parse_gpu_list(text: str) -> list[int]:
     return gpus
 
 
+def launch_args(args: Sequence[str], flags: ParsedCommand, port: int) -> list[str]:
+    """The revision's flags, with ``--port`` appended when the launch uses another port (the
+    last ``--port`` wins, as in argparse)."""
+    out = list(args)
+    if server_port(flags) != port:
+        out += ["--port", str(port)]
+    return out
+
+
+def dead_ranks(seen: dict[int, str], members: Iterable[dict[str, object]]) -> list[str]:
+    """Scheduler ranks (``sglang::scheduler…`` titles, §4) seen before and now gone or
+    defunct. Updates ``seen`` with the ranks alive now. Returns "title (PID n)" of the dead."""
+    now: dict[int, tuple[str, str]] = {}
+    for member in members:
+        command = str(member.get("command", ""))
+        if command.startswith("sglang::scheduler"):
+            now[int(str(member["pid"]))] = (command.split()[0], str(member.get("state", "")))
+    dead = [
+        f"{title} (PID {pid})"
+        for pid, title in seen.items()
+        if pid not in now or now[pid][1] in ("Z", "X")
+    ]
+    seen.update({pid: title for pid, (title, state) in now.items() if state not in ("Z", "X")})
+    return dead
+
+
 def check_port_numbers(ports: Iterable[int]) -> None:
     """Raises ``PlanError`` for a port no TCP server can listen on."""
     bad = [p for p in ports if not 1 <= p <= 65535]
@@ -152,7 +178,10 @@ def check_budget(report: BudgetReport) -> Check:
     ]
     warns = [m.text for m in report.messages if m.level == "warn"]
     if blocks:
-        return Check("budget", False, "; ".join(blocks))
+        fix = ""
+        if report.suggestion:
+            fix = " — suggested: " + " ".join(f"{k} {v}" for k, v in report.suggestion.items())
+        return Check("budget", False, "; ".join(blocks) + fix)
     parts = []
     if report.host_pool_bytes_per_node:
         parts.append(

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from nodes import ssh
 from nodes.choices import LAUNCH_ENDED, LaunchStatus
+from nodes.domain import launch_plan as plan
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import mask_text, secret_values
@@ -155,6 +156,7 @@ class Follower:
         self.secrets = secret_values(list(launch.revision.args), dict(launch.revision.env or {}))
         self.progress = Progress.from_json(launch.progress)
         self.health_failures = 0
+        self.ranks_seen: dict[int, str] = {}
         splitter = LineSplitter()
         stream = ssh.stream(client, ["tail", "-c", f"+{self.offset + 1}", "-F", status["log"]])
         next_beat = next_check = next_health = 0.0
@@ -182,6 +184,7 @@ class Follower:
                             continue
                         self._ended(launch, status)
                         return
+                    self._check_ranks(launch, status)
                 if launch.status in (LaunchStatus.STARTING, LaunchStatus.LOADING):
                     if self._started_too_long(launch):
                         launches.fail(
@@ -196,6 +199,15 @@ class Follower:
                     self._health(launch, client)
         finally:
             stream.close()
+
+    def _check_ranks(self, launch: Launch, status: dict[str, Any]) -> None:
+        """A TP rank that died (a kernel OOM kill, a crash) while the main process lives: SGLang
+        ≤ 0.5.9 would wait on it for ever (§4), so the launch fails now, not at the timeout."""
+        dead = plan.dead_ranks(self.ranks_seen, status.get("members", []))
+        running = (LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY)
+        if dead and launch.status in running:
+            when = "while serving" if launch.status == LaunchStatus.READY else "during start-up"
+            launches.fail(launch.pk, f"{', '.join(dead)} died {when}")
 
     def _drained(
         self, launch: Launch, status: dict[str, Any], splitter: LineSplitter, quiet_since: float

@@ -59,10 +59,25 @@ def ctl(client: Any, *args: str, stdin: bytes | None = None, timeout: float = 60
     return doc
 
 
-def flags_for(revision: ProfileRevision, node: Node) -> ParsedCommand:
-    flags = parse_command(list(revision.args), table(node.sglang_version or DEFAULT_VERSION))
+def flags_for(revision: ProfileRevision, node: Node, port: int | None = None) -> ParsedCommand:
+    """The revision's flags as the node's SGLang version reads them (with ``port`` if the
+    launch moved the server to another port)."""
+    version_table = table(node.sglang_version or DEFAULT_VERSION)
+    flags = parse_command(list(revision.args), version_table)
+    if port is not None and flags.values:
+        flags = parse_command(plan.launch_args(revision.args, flags, port), version_table)
     flags.env = dict(revision.env or {})
     return flags
+
+
+def args_of(launch: Launch) -> list[str]:
+    """The flags the launch runs with: its revision's, on the launch's port."""
+    base = flags_for(launch.revision, launch.node)
+    return (
+        plan.launch_args(launch.revision.args, base, launch.port)
+        if base.values
+        else list(launch.revision.args)
+    )
 
 
 # --- creating a launch ---------------------------------------------------------------------
@@ -98,6 +113,11 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
         raise LaunchInputError(str(exc)) from None
     if not args:
         raise LaunchInputError("the command has no flags: give at least --model-path")
+    if not args[0].startswith("-"):
+        raise LaunchInputError(
+            f"{args[0][:40]!r} is not an SGLang launch command: expected "
+            "python3 -m sglang.launch_server --model-path … (or sglang serve …)"
+        )
     bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", k)]
     if bad:
         raise LaunchInputError(f"{bad[0][:40]!r} is not an environment variable name")
@@ -149,6 +169,7 @@ def create(
     gpus: list[int] | None = None,
     overrides: dict[str, str] | None = None,
     timeout_s: int | None = None,
+    port: int | None = None,
     request: HttpRequest | None = None,
 ) -> Launch:
     """Reserve GPUs and port and queue the launch; a reservation already held makes it
@@ -172,7 +193,7 @@ def create(
         raise LaunchInputError(f"{node.name}'s host key is not trusted yet")
     if timeout_s is not None and timeout_s <= 0:
         raise LaunchInputError("the start-up timeout must be a positive number of seconds")
-    flags = flags_for(revision, node)
+    flags = flags_for(revision, node, port)
     if not flags.values:  # argparse refused the command: SGLang would exit before starting
         problem = "; ".join(i.message for i in flags.issues)
         raise LaunchInputError(
@@ -182,6 +203,8 @@ def create(
                 dict(revision.env or {}),
             )
         )
+    if "model_path" not in flags.given:
+        raise LaunchInputError("the command has no --model-path (SGLang requires one)")
     try:
         ranks = plan.ranks_needed(flags)
         plan.check_port_numbers(plan.ports_needed(flags))
@@ -241,6 +264,7 @@ def submit(
     gpus: list[int] | None = None,
     overrides: dict[str, str] | None = None,
     timeout_s: int | None = None,
+    port: int | None = None,
     request: HttpRequest | None = None,
 ) -> Launch:
     """A launch of ``revision``, or of a raw ``command`` stored as an ad-hoc revision; nothing
@@ -257,6 +281,7 @@ def submit(
             gpus=gpus,
             overrides=overrides,
             timeout_s=timeout_s,
+            port=port,
             request=request,
         )
 
@@ -376,7 +401,7 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
     facts = discovery.probe(node)
     discovery.save_facts(node, facts)
     version = facts.sglang_version or node.sglang_version or DEFAULT_VERSION
-    flags = parse_command(list(launch.revision.args), table(version))
+    flags = parse_command(args_of(launch), table(version))
     flags.env = dict(launch.revision.env or {})
     checks = [plan.Check(**c) for c in launch.checks if c.get("name") == "reservation"]
     checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
@@ -387,6 +412,10 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
         for g in facts.gpus
     ]
     checks.append(plan.check_gpus_idle(now, launch.gpus))
+    # What the GPUs held before (another user's memory, if overridden) is not this launch's.
+    before = {str(g.index): g.memory_used_bytes for g in now if g.index in launch.gpus}
+    Launch.objects.filter(pk=launch.pk).update(gpu_used_before=before)
+    launch.gpu_used_before = before
     model_path = str(flags.get("model_path", default="") or "")
     with ssh.pool.session(target_for(node)) as client:
         found = ctl(client, "preflight", model_path or "-", *map(str, plan.ports_needed(flags)))
@@ -467,12 +496,13 @@ def _block(launch: Launch, checks: list[dict[str, Any]], why: str) -> None:
 def _start_remote(launch: Launch, client: Any) -> dict[str, Any]:
     revision = launch.revision
     env = plan.launch_env(dict(revision.env or {}), launch.gpus)
+    args = args_of(launch)
     request = {
         "launch_id": launch.pk,
-        "args": list(revision.args),
+        "args": args,
         "env": env,
         "shown_command": ssh.quote(
-            [launch.node.sglang_python, "-m", "sglang.launch_server", *redact_args(revision.args)]
+            [launch.node.sglang_python, "-m", "sglang.launch_server", *redact_args(args)]
         ),
         "shown_env": redact_env(env),
     }
@@ -513,10 +543,12 @@ def _held_gpus(launch: Launch) -> dict[int, int]:
     """GPUs of the launch that still hold memory (index → bytes used), read now."""
     facts = discovery.probe(launch.node, live=True, timeout=30)
     discovery.save_live(launch.node, facts)
+    before = launch.gpu_used_before or {}
     return {
         g.index: g.memory_used_bytes
         for g in facts.gpus
-        if g.index in launch.gpus and g.memory_used_bytes > plan.IDLE_GPU_BYTES
+        if g.index in launch.gpus
+        and g.memory_used_bytes > int(before.get(str(g.index), 0)) + plan.IDLE_GPU_BYTES
     }
 
 

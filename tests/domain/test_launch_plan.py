@@ -133,3 +133,26 @@ def test_gpu_lists_are_plain_ascii_indexes_each_once(text, message):
 def test_ports_outside_tcp_are_refused(port):
     with pytest.raises(plan.PlanError, match="is not a TCP port"):
         plan.check_port_numbers([30000, port])
+
+
+def test_a_launch_on_another_port_appends_it():
+    assert plan.launch_args(["--model-path", "/m"], flags(), 30001) == [
+        "--model-path",
+        "/m",
+        "--port",
+        "30001",
+    ]
+    assert plan.launch_args(["--port", "31000"], flags(port=31000), 31000) == ["--port", "31000"]
+
+
+def test_ranks_that_die_or_turn_defunct_are_reported_once_seen():
+    seen: dict[int, str] = {}
+    alive = [
+        {"pid": 10, "command": "python3 -m sglang.launch_server --tp 2", "state": "S"},
+        {"pid": 11, "command": "sglang::scheduler_TP0", "state": "S"},
+        {"pid": 12, "command": "sglang::scheduler_TP1", "state": "R"},
+    ]
+    assert plan.dead_ranks(seen, alive) == []
+    assert plan.dead_ranks(seen, alive[:2]) == ["sglang::scheduler_TP1 (PID 12)"]
+    zombie = [alive[0], {**alive[1], "state": "Z"}]
+    assert "sglang::scheduler_TP0 (PID 11)" in plan.dead_ranks(seen, zombie)

@@ -66,6 +66,9 @@ class Command(OneLineCommand):
             help="Launch despite this failed pre-flight check (needs --reason)",
         )
         parser.add_argument("--reason", action="append", default=[], help="Why, per --override")
+        parser.add_argument(
+            "--port", type=int, help="Serve on this port instead of the profile's --port"
+        )
         parser.add_argument("--wait", choices=["ready", "end"])
         parser.add_argument("--timeout", type=float, help="Start-up timeout in seconds")
         parser.add_argument("--json", action="store_true", help="Print only one JSON document")
@@ -101,6 +104,7 @@ class Command(OneLineCommand):
                 gpus=parse_gpus(options["gpus"]) if options["gpus"] else None,
                 overrides=dict(zip(options["override"], options["reason"], strict=True)),
                 timeout_s=math.ceil(timeout) if timeout else None,
+                port=options["port"],
             )
         except launches.LaunchInputError as exc:
             raise CommandError(str(exc), returncode=2) from None

@@ -25,6 +25,6 @@ class Command(OneLineCommand):
         for launch in rows:
             self.stdout.write(
                 f"#{launch.pk:<5} {launch.status:<9} {launch.node.name:<16} "
-                f"GPU {launch.gpu_list():<16} {launch.revision}"
+                f"GPU {launch.gpu_list():<16} port {launch.port:<6} {launch.revision}"
                 + (f"  — {launch.reason[:100]}" if launch.reason else "")
             )
