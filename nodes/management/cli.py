@@ -6,6 +6,7 @@ A command acts as ``--actor NAME``, else ``$RANKWISE_ACTOR``, else the built-in 
 from __future__ import annotations
 
 import os
+import sys
 from argparse import ArgumentParser
 from typing import Any, NoReturn
 
@@ -28,12 +29,21 @@ class OneLineParser(CommandParser):
 
 
 class OneLineCommand(BaseCommand):
-    """A management command whose every usage error, top-level ones included, is one line."""
+    """A management command whose every usage error, top-level ones included, is one line, and
+    that ends quietly when its reader goes away (``… | head``)."""
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
         parser.__class__ = OneLineParser
         return parser
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        try:
+            return super().execute(*args, **options)
+        except BrokenPipeError:
+            # Python would complain again when flushing stdout at exit.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            raise SystemExit(1) from None
 
 
 def add_actor_argument(parser: ArgumentParser) -> None:
