@@ -75,7 +75,7 @@ def test_blocked_preflight_exits_2_with_the_checks_as_json(cli, spare, launch_wo
         (["--node", "spare", "--", *SERVER, *QWEN, "--nccl-port", "-5"], "not a TCP port"),
         (
             ["--node", "spare", "--", *SERVER, "--model-path", "/m", "--tp-size", "abc"],
-            "refuses the command: argument --tp-size",
+            "invalid int value",
         ),
         (["--node", "spare", "--gpus", "0,0", "--", *SERVER, *QWEN], "listed twice"),
         (["--node", "spare", "--gpus", "\u0661", "--", *SERVER, *QWEN], "expected GPU indexes"),
