@@ -40,7 +40,7 @@ from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.launch_forms import LaunchForm
 from nodes.models import Launch, LaunchLogLine, Node
 from nodes.roles import has_role, role_required
-from nodes.services import launches
+from nodes.services import bundles, launches
 from nodes.services.follower import channel
 from nodes.tasks import stop_launch
 from nodes.views import HtmxHttpRequest, _redirect
@@ -222,6 +222,16 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
 
         response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@require_GET
+@login_required
+def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
+    """The launch as a ``rankwise-case/1`` bundle (log and facts, secrets masked)."""
+    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    response = HttpResponse(bundles.launch_bundle(launch), content_type="application/gzip")
+    response["Content-Disposition"] = f'attachment; filename="launch-{launch.pk}.tar.gz"'
     return response
 
 

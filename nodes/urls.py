@@ -32,5 +32,6 @@ urlpatterns = [
     path("launches/<int:pk>/lines/", launch_views.launch_lines, name="launch-lines"),
     path("launches/<int:pk>/events/", launch_views.launch_events, name="launch-events"),
     path("launches/<int:pk>/log/", launch_views.launch_log, name="launch-log"),
+    path("launches/<int:pk>/bundle/", launch_views.launch_bundle, name="launch-bundle"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

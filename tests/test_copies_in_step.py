@@ -21,7 +21,11 @@ def test_the_two_flag_table_copies_are_identical():
 def test_copies_match_shared_when_it_is_there():
     source = SHARED / "reference" / "sglang-flags-by-version.tsv"
     assert (ROOT / "nodes" / "data" / source.name).read_bytes() == source.read_bytes()
-    for case in (ROOT / "tests" / "fixtures" / "cases").iterdir():
+    fixtures = ROOT / "tests" / "fixtures" / "cases"
+    shared_cases = {p.name for p in (SHARED / "cases").iterdir() if p.is_dir()}
+    assert shared_cases <= {p.name for p in fixtures.iterdir() if p.is_dir()}, "copy every case"
+    assert (fixtures / "FORMAT.md").read_bytes() == (SHARED / "cases" / "FORMAT.md").read_bytes()
+    for case in fixtures.iterdir():
         if case.is_dir():
             compare = filecmp.dircmp(case, SHARED / "cases" / case.name)
             assert not compare.diff_files and not compare.left_only, case.name

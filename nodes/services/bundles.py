@@ -1,0 +1,120 @@
+"""Bundles on disk and over HTTP: a launch's bundle as a ``.tar.gz``, and a bundle read from a
+folder or an archive (without extracting anything to disk)."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nodes.domain.bundle import BundleError, case_snapshot, check_facts, launch_facts
+from nodes.domain.redact import redact_args, redact_env
+from nodes.models import Launch
+from nodes.services.launches import args_of
+
+MAX_LOG_BYTES = 256 * 2**20
+MAX_FACTS_BYTES = 16 * 2**20
+
+
+def launch_log_text(launch: Launch) -> str:
+    """The launch's whole log as stored (the archive when lines were dropped)."""
+    if launch.log_archive:
+        return gzip.decompress(bytes(launch.log_archive)).decode(errors="replace")
+    lines = launch.lines.order_by("seq").values_list("text", flat=True)
+    return "".join(f"{text}\n" for text in lines.iterator(chunk_size=5000))
+
+
+def facts_of(launch: Launch) -> dict[str, object]:
+    node = launch.node
+    snapshots = [case_snapshot(launch.snapshot, "after_failure")] if launch.snapshot else []
+    return launch_facts(
+        engine_version=node.sglang_version or launch.revision.sglang_version or None,
+        node={
+            "name": node.name,
+            "host_ram_bytes": node.host_ram_bytes,
+            "gpus": [
+                {"index": g.index, "name": g.name, "memory_total_bytes": g.memory_total_bytes}
+                for g in node.gpus.all()
+            ],
+        },
+        command=[node.sglang_python, "-m", "sglang.launch_server", *redact_args(args_of(launch))],
+        env=redact_env({**(launch.revision.env or {}), "CUDA_VISIBLE_DEVICES": launch.gpu_list()}),
+        exit_code=launch.exit_status,
+        snapshots=snapshots,
+        extra={
+            "rankwise_launch": launch.pk,
+            "status": launch.status,
+            "reason": launch.reason,
+            "checks": launch.checks,
+            "progress": launch.progress,
+            "server_info": launch.server_info,
+        },
+    )
+
+
+def launch_bundle(launch: Launch) -> bytes:
+    """``launch-<id>/launch.log`` and ``launch-<id>/facts.json`` as a gzipped tar."""
+    folder = f"launch-{launch.pk}"
+    files = {
+        "launch.log": launch_log_text(launch).encode(),
+        "facts.json": json.dumps(facts_of(launch), indent=1).encode(),
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(f"{folder}/{name}")
+            info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def read_bundle(path: str | Path) -> tuple[str, dict[str, object]]:
+    """(launch.log text, facts) from a bundle folder or ``.tar.gz``; raises ``BundleError``."""
+    path = Path(path)
+    if path.is_dir():
+        return _read(lambda name: _file(path / name))
+    try:
+        with tarfile.open(path, mode="r:*") as archive:
+            members = {
+                Path(m.name).name: m for m in archive.getmembers() if m.isfile() and m.size >= 0
+            }
+
+            def member(name: str) -> bytes | None:
+                found = members.get(name)
+                if found is None:
+                    return None
+                limit = MAX_LOG_BYTES if name == "launch.log" else MAX_FACTS_BYTES
+                if found.size > limit:
+                    raise BundleError(f"{name} is larger than {limit // 2**20} MiB")
+                handle = archive.extractfile(found)
+                return handle.read() if handle else None
+
+            return _read(member)
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise BundleError(
+            f"{path.name} is neither a bundle folder nor a tar archive: {exc}"
+        ) from None
+
+
+def _file(path: Path) -> bytes | None:
+    if not path.is_file():
+        return None
+    limit = MAX_LOG_BYTES if path.name == "launch.log" else MAX_FACTS_BYTES
+    if path.stat().st_size > limit:
+        raise BundleError(f"{path.name} is larger than {limit // 2**20} MiB")
+    return path.read_bytes()
+
+
+def _read(get: Callable[[str], bytes | None]) -> tuple[str, dict[str, object]]:
+    log, facts = get("launch.log"), get("facts.json")
+    if log is None or facts is None:
+        raise BundleError("a bundle needs launch.log and facts.json")
+    try:
+        doc = json.loads(facts)
+    except ValueError as exc:
+        raise BundleError(f"facts.json is not JSON: {exc}") from None
+    return log.decode(errors="replace"), check_facts(doc)

@@ -1,0 +1,144 @@
+"""Launch bundles (rankwise-case/1): downloaded from a launch, read back from folders and
+archives, refused when they are not bundles."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from nodes.choices import LaunchStatus
+from nodes.domain.bundle import BundleError, exit_of
+from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision
+from nodes.services.bundles import read_bundle
+from tests.factories import make_node
+
+pytestmark = pytest.mark.django_db
+CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+SNAPSHOT = {
+    "time": 1764547200.0,
+    "meminfo": {"MemTotal": 449_000_000_000, "MemAvailable": 820_000_000},
+    "launch": {
+        "members": [{"pid": 41, "ppid": 1, "state": "Z", "command": "sglang::scheduler_TP3"}]
+    },
+    "oom_lines": ["Out of memory: Killed process 41 (sglang::schedul)"],
+    "listening_ports": [22],
+    "shm_files": [{"name": "nccl-1", "bytes": 4096}],
+    "gpus": [
+        {
+            "index": 0,
+            "memory_total_bytes": 96 * 2**30,
+            "memory_used_bytes": 90 * 2**30,
+            "processes": [{"pid": 40, "name": "python3", "used_memory_bytes": 90 * 2**30}],
+        }
+    ],
+}
+
+
+@pytest.fixture
+def failed_launch():
+    node = make_node("gpu-01", sglang_version="0.5.9")
+    profile = LaunchProfile.objects.create(name="kimi", created_by="olga")
+    revision = ProfileRevision.objects.create(
+        profile=profile,
+        number=1,
+        env={"HF_TOKEN": "hf_secret"},
+        author="olga",
+        verdict="block",
+        args=["--model-path", "/m", "--tp-size", "8", "--api-key", "sk-secret"],
+        report={},
+    )
+    launch = Launch.objects.create(
+        revision=revision,
+        node=node,
+        gpus=list(range(8)),
+        port=30000,
+        created_by="olga",
+        startup_timeout_s=60,
+        status=LaunchStatus.FAILED,
+        exit_status=-9,
+        snapshot=SNAPSHOT,
+        reason="sglang::scheduler_TP3 (PID 41) died during start-up",
+        last_seq=2,
+    )
+    LaunchLogLine.objects.bulk_create(
+        [
+            LaunchLogLine(launch=launch, seq=1, text="Allocating 300.00 GB host memory"),
+            LaunchLogLine(launch=launch, seq=2, text="Rank 3 scheduler is dead."),
+        ]
+    )
+    return launch
+
+
+def test_a_failed_launch_downloads_as_a_bundle_that_reads_back(
+    viewer_client, failed_launch, tmp_path
+):
+    response = viewer_client.get(reverse("nodes:launch-bundle", args=[failed_launch.pk]))
+    assert response["Content-Type"] == "application/gzip"
+    archive = tmp_path / "launch.tar.gz"
+    archive.write_bytes(response.content)
+    log, facts = read_bundle(archive)
+    assert log == "Allocating 300.00 GB host memory\nRank 3 scheduler is dead.\n"
+    assert facts["format"] == "rankwise-case/1" and facts["engine_version"] == "0.5.9"
+    assert facts["exit"] == {"code": -9, "signal": "SIGKILL"}
+    assert facts["command"][-2:] == ["--api-key", "****"]
+    assert facts["env"] == {"HF_TOKEN": "****", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    snapshot = facts["snapshots"][0]
+    assert snapshot["phase"] == "after_failure" and snapshot["taken_at"] == "2025-12-01T00:00:00Z"
+    assert snapshot["processes"] == [
+        {"pid": 41, "ppid": 1, "state": "Z", "cmdline": "sglang::scheduler_TP3"}
+    ]
+    assert snapshot["gpu_processes"][0]["gpu_index"] == 0
+    assert snapshot["kernel_log"] and snapshot["shm"] == {"used_bytes": 4096}
+    assert "secret" not in response.content.decode("latin-1")
+
+
+@pytest.mark.parametrize("case", sorted(p.name for p in CASES.iterdir() if p.is_dir()))
+def test_every_corpus_case_reads_as_a_bundle(case):
+    log, facts = read_bundle(CASES / case)
+    assert log and facts["format"] == "rankwise-case/1"
+
+
+def make_archive(path: Path, files: dict[str, bytes]) -> Path:
+    with tarfile.open(path, "w:gz") as archive:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("files", "message"),
+    [
+        ({"x/launch.log": b"log"}, "needs launch.log and facts.json"),
+        ({"launch.log": b"", "facts.json": b"{nope"}, "not JSON"),
+        ({"launch.log": b"", "facts.json": b"[]"}, "not a JSON object"),
+        (
+            {"launch.log": b"", "facts.json": json.dumps({"format": "other/9"}).encode()},
+            "not rankwise-case/1",
+        ),
+        ({"../../etc/launch.log": b"x", "/abs/facts.json": b"{}"}, "not rankwise-case/1"),
+    ],
+)
+def test_what_is_not_a_bundle_is_refused_with_the_reason(tmp_path, files, message):
+    with pytest.raises(BundleError, match=message):
+        read_bundle(make_archive(tmp_path / "b.tar.gz", files))
+    assert not (tmp_path / "etc").exists()
+
+
+def test_a_file_that_is_no_archive_is_refused(tmp_path):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not an archive")
+    with pytest.raises(BundleError, match="neither a bundle folder nor a tar archive"):
+        read_bundle(junk)
+
+
+def test_exit_codes_name_their_signal():
+    assert exit_of(-9) == {"code": -9, "signal": "SIGKILL"}
+    assert exit_of(1) == {"code": 1, "signal": None}
+    assert exit_of(None) is None
