@@ -1,0 +1,234 @@
+"""Why a launch failed, from its bundle: the category, a one-line summary with the numbers, the
+evidence it rests on (log lines with their numbers, snapshot facts), the remedy, the figures.
+
+Rules are tried in order; each is a small function over the evidence: log signatures (exact
+texts SGLang prints, shared/reference/sglang.md §6), the memory arithmetic of the command that
+ran, and the node's snapshots. The first rule that recognises the failure names its category
+(the immediate cause, as tests/fixtures/cases/FORMAT.md asks). When no rule does, the answer is
+``unknown`` with what evidence would settle it, never a guess.
+
+Units: SGLang prints ``avail mem=``/``mem usage=`` in GiB and its host-pool figures in decimal
+GB; ``numbers`` keys carry the unit.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+GiB = 2**30
+#: SGLang keeps this much host memory back in its HiCache check (§2): 10 GiB, printed as GB.
+HOST_RESERVE_GB = 10 * GiB / 1e9
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A log line (1-based ``line``) or a snapshot fact (``line`` is ``None``)."""
+
+    text: str
+    line: int | None = None
+    source: str = "log"
+
+
+@dataclass
+class Diagnosis:
+    category: str
+    summary: str
+    remedy: str
+    evidence: list[Evidence] = field(default_factory=list)
+    numbers: dict[str, float] = field(default_factory=dict)
+    secondary_categories: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"category", "secondary_categories", "summary", "evidence", "remedy", "numbers"}``."""
+        return {
+            "category": self.category,
+            "secondary_categories": list(self.secondary_categories),
+            "summary": self.summary,
+            "evidence": [asdict(e) for e in self.evidence],
+            "remedy": self.remedy,
+            "numbers": dict(self.numbers),
+        }
+
+
+class Log:
+    """The launch log, searchable by pattern, with 1-based line numbers."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def find(self, pattern: str | re.Pattern[str]) -> list[tuple[int, re.Match[str]]]:
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        found = []
+        for number, line in enumerate(self.lines, 1):
+            match = regex.search(line)
+            if match:
+                found.append((number, match))
+        return found
+
+    def first(self, pattern: str | re.Pattern[str]) -> tuple[int, re.Match[str]] | None:
+        hits = self.find(pattern)
+        return hits[0] if hits else None
+
+
+@dataclass
+class Bundle:
+    """What a rule reads: the log, the facts document, and the command's flags by dest."""
+
+    log: Log
+    facts: Mapping[str, Any]
+    flags: Mapping[str, Any]
+
+    def evidence(self, hit: tuple[int, re.Match[str]]) -> Evidence:
+        number, _ = hit
+        return Evidence(self.log.lines[number - 1].strip()[:500], number)
+
+    def flag(self, *dests: str, default: Any = None) -> Any:
+        for dest in dests:
+            value = self.flags.get(dest)
+            if value is not None:
+                return value
+        return default
+
+    def host_ram_gb(self) -> float | None:
+        ram = (self.facts.get("node") or {}).get("host_ram_bytes")
+        return ram / 1e9 if isinstance(ram, int | float) and ram > 0 else None
+
+
+Rule = Callable[[Bundle], Diagnosis | None]
+
+
+def _num(text: str) -> float:
+    return float(text)
+
+
+def _fmt(value: float, places: int = 2) -> str:
+    """Numbers as an operator reads them: 40 not 40.00, 44.87 kept."""
+    text = f"{value:.{places}f}".rstrip("0").rstrip(".")
+    return text if text not in ("-0", "") else "0"
+
+
+# --- rules -------------------------------------------------------------------------------------
+
+PRECHECK = re.compile(
+    r"Not enough host memory available\. Requesting (?P<requested>[\d.]+) GB but only have "
+    r"(?P<free>[\d.]+) GB free"
+)
+
+
+def host_precheck(bundle: Bundle) -> Diagnosis | None:
+    """SGLang's own host-memory check refused the HiCache pool (§2, §6)."""
+    hit = bundle.log.first(PRECHECK)
+    if hit is None:
+        return None
+    requested, free = _num(hit[1]["requested"]), _num(hit[1]["free"])
+    usable = free - HOST_RESERVE_GB
+    short = requested - usable
+    reserve = round(HOST_RESERVE_GB, 2)
+    return Diagnosis(
+        category="host-mem-precheck",
+        secondary_categories=["host-oom-hicache"],
+        summary=(
+            f"host RAM precheck failed: hicache {_fmt(requested)} GB requested, {_fmt(free)} GB "
+            f"free minus SGLang's fixed 10 GiB ({_fmt(reserve)} GB) reserve = {_fmt(usable)} GB "
+            f"usable (short by {_fmt(short)} GB)"
+        ),
+        remedy=(
+            f"reduce --hicache-size so that --hicache-size <= MemAvailable - {_fmt(reserve)} GB "
+            f"({math.floor(usable)} GB per rank here; the 10 GiB reserve is SGLang's own), or "
+            "free host memory before launching"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers={
+            "requested_gb": requested,
+            "reported_free_gb": free,
+            "reserve_gb": reserve,
+            "effective_free_gb": round(usable, 2),
+            "shortfall_gb": round(short, 2),
+        },
+    )
+
+
+NOT_ENOUGH_KV = re.compile(
+    r"Not enough memory\. Please try to increase --mem-fraction-static|Loaded weights leave no "
+    r"GPU memory for the KV cache"
+)
+LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=(?P<avail>[\d.]+) GB")
+LOAD_END = re.compile(
+    r"Load weight end\..*?avail mem=(?P<avail>[\d.]+) GB, mem usage=(?P<used>[\d.]+)"
+)
+
+
+def mem_fraction_too_low(bundle: Bundle) -> Diagnosis | None:
+    """Weights leave no KV space: mem-fraction-static keeps (1 − mfs) × the free memory before
+    the weights for activations, and what is left after the weights is less (§3)."""
+    hit = bundle.log.first(NOT_ENOUGH_KV)
+    begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
+    mfs = bundle.flag("mem_fraction_static")
+    if hit is None or begin is None or end is None or mfs is None:
+        return None
+    before, after, weights = (
+        _num(begin[1]["avail"]),
+        _num(end[1]["avail"]),
+        _num(end[1]["used"]),
+    )
+    mfs = float(mfs)
+    reserved = before * (1 - mfs)
+    kv = after - reserved
+    threshold = math.ceil((1 - after / before) * 1000) / 1000
+    gpus = (bundle.facts.get("node") or {}).get("gpus") or []
+    numbers = {
+        "avail_before_load_gib": before,
+        "weights_gib": weights,
+        "avail_after_load_gib": after,
+        "mem_fraction_static": mfs,
+        "reserved_gib": round(reserved, 2),
+        "kv_budget_gib": round(kv, 2),
+        "mem_fraction_static_threshold": threshold,
+    }
+    total = ""
+    if gpus and gpus[0].get("memory_total_bytes"):
+        numbers["gpu_total_gib"] = round(gpus[0]["memory_total_bytes"] / GiB, 1)
+        total = f" on a {_fmt(numbers['gpu_total_gib'], 1)} GiB GPU"
+    return Diagnosis(
+        category="mem-fraction-too-low",
+        summary=(
+            f"KV cache cannot be allocated{total}: after {weights:.2f} GiB of weights only "
+            f"{after:.2f} GiB is free, but --mem-fraction-static {_fmt(mfs)} keeps "
+            f"{before:.2f} x {_fmt(1 - mfs)} = {reserved:.2f} GiB of the pre-load free memory "
+            f"for activations/graphs, leaving {kv:.2f} GiB for KV; this needs a higher fraction "
+            f"(above {threshold}) or more GPUs"
+        ),
+        remedy=(
+            f"increase --mem-fraction-static above {threshold} (reserved = free-before-load x "
+            "(1 - mem_fraction_static)), or spread the weights over more GPUs (--tp 2); this is "
+            "an init OOM, not a runtime one (init OOM vs runtime OOM)"
+        ),
+        evidence=[bundle.evidence(hit), bundle.evidence(begin), bundle.evidence(end)],
+        numbers=numbers,
+    )
+
+
+RULES: Sequence[Rule] = (host_precheck, mem_fraction_too_low)
+
+
+def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) -> Diagnosis:
+    """The diagnosis of one bundle. ``flags`` are the command's values by dest, as the node's
+    SGLang version parses them (``sglang_flags.parse_command(...).values``); never raises."""
+    bundle = Bundle(Log(log_text), facts, flags)
+    for rule in RULES:
+        found = rule(bundle)
+        if found is not None:
+            return found
+    return Diagnosis(
+        category="unknown",
+        summary="no known failure signature or memory arithmetic explains this launch",
+        remedy=(
+            "collect more evidence: the full server log from every rank, `dmesg -T | grep -i -E "
+            "'oom|killed process'` on the node, nvidia-smi with its processes, and MemAvailable "
+            "before and after the launch"
+        ),
+    )

@@ -1,0 +1,91 @@
+"""The diagnosis engine on the case corpus and on cases written from SGLang's log formats.
+
+Issue 7 is in progress: the corpus test covers the categories whose rules have landed and grows
+with each new rule until every case folder is covered.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from nodes.domain.diagnosis import diagnose
+from nodes.domain.sglang_flags import parse_command, split_command
+from nodes.flag_tables import table
+
+CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
+RULES_LANDED = {"host-mem-precheck", "mem-fraction-too-low"}
+
+
+def flags_of(facts: dict) -> dict:
+    argv, _ = split_command(list(facts.get("command") or []))
+    return parse_command(argv, table(facts.get("engine_version") or "0.5.9")).values
+
+
+def run(case: Path):
+    facts = json.loads((case / "facts.json").read_text())
+    return diagnose((case / "launch.log").read_text(), facts, flags_of(facts))
+
+
+def states(summary: str, value: float) -> bool:
+    """The summary names ``value`` (as printed, rounded the way a person would)."""
+    shown = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", summary)]
+    return any(abs(n - value) <= max(0.011, abs(value) * 0.001) for n in shown)
+
+
+def corpus() -> list[str]:
+    landed = []
+    for case in sorted(p for p in CASES.iterdir() if p.is_dir()):
+        expected = json.loads((case / "expected.json").read_text())
+        if expected["category"] in RULES_LANDED:
+            landed.append(case.name)
+    return landed
+
+
+@pytest.mark.parametrize("name", corpus())
+def test_corpus_cases_get_their_category_numbers_and_fix(name):
+    expected = json.loads((CASES / name / "expected.json").read_text())
+    found = run(CASES / name)
+    assert found.category == expected["category"], found.summary
+    missing = [k for k, v in expected["key_numbers"].items() if not states(found.summary, v)]
+    assert not missing, (missing, found.summary)
+    assert any(k.lower() in found.remedy.lower() for k in expected["remedy_keywords"]), found.remedy
+    assert found.evidence and all(e.line for e in found.evidence if e.source == "log")
+
+
+@pytest.mark.parametrize("name", corpus())
+def test_without_the_signatures_a_case_is_unknown_not_wrong(name):
+    expected = json.loads((CASES / name / "expected.json").read_text())
+    facts = json.loads((CASES / name / "facts.json").read_text())
+    log = (CASES / name / "launch.log").read_text()
+    for signature in expected.get("signatures", []):
+        log = "\n".join(line for line in log.splitlines() if signature not in line)
+    assert diagnose(log, facts, flags_of(facts)).category in ("unknown", expected["category"])
+
+
+def test_a_precheck_of_another_size_on_0_5_12_is_read_the_same_way():
+    log = (
+        "[2026-03-01 10:00:00 TP2] Scheduler hit an exception: Traceback (most recent call "
+        "last):\nValueError: Not enough host memory available. Requesting 120.50 GB but only "
+        "have 98.20 GB free. Please reduce the size of the hierarchical cache.\n"
+    )
+    found = diagnose(log, {"engine_version": "0.5.12"}, {})
+    assert found.category == "host-mem-precheck"
+    assert found.numbers["effective_free_gb"] == 87.46 and found.numbers["shortfall_gb"] == 33.04
+    assert found.evidence[0].line == 2
+
+
+def test_an_empty_log_is_unknown_and_says_what_would_help():
+    found = diagnose("", {}, {})
+    assert found.category == "unknown" and "dmesg" in found.remedy
+    assert set(found.to_json()) == {
+        "category",
+        "secondary_categories",
+        "summary",
+        "evidence",
+        "remedy",
+        "numbers",
+    }
