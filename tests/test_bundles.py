@@ -142,3 +142,25 @@ def test_exit_codes_name_their_signal():
     assert exit_of(-9) == {"code": -9, "signal": "SIGKILL"}
     assert exit_of(1) == {"code": 1, "signal": None}
     assert exit_of(None) is None
+
+
+def test_the_diagnose_command_reads_folders_and_archives(settings, tmp_path):
+    from tests.conftest import manage_py
+
+    folder = manage_py(settings, "diagnose", str(CASES / "C05"), "--json")
+    assert folder.returncode == 0, folder.stderr
+    doc = json.loads(folder.stdout)
+    assert set(doc) == {
+        "category",
+        "secondary_categories",
+        "summary",
+        "evidence",
+        "remedy",
+        "numbers",
+    }
+    assert doc["category"] == "host-mem-precheck" and "34.13 GB usable" in doc["summary"]
+    files = {f"C09/{p.name}": p.read_bytes() for p in (CASES / "C09").iterdir()}
+    archive = manage_py(settings, "diagnose", str(make_archive(tmp_path / "c09.tar.gz", files)))
+    assert archive.returncode == 0 and archive.stdout.startswith("mem-fraction-too-low: ")
+    refused = manage_py(settings, "diagnose", str(tmp_path / "missing"))
+    assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1

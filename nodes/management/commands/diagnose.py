@@ -1,0 +1,52 @@
+"""``manage.py diagnose BUNDLE [--json]``: why a launch failed, from a bundle folder or archive.
+
+Exit 0 with the diagnosis; with ``--json`` stdout holds only ``{"category",
+"secondary_categories", "summary", "evidence", "remedy", "numbers"}``. Exit 2 when BUNDLE is
+not a readable ``rankwise-case/1`` bundle.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from nodes.domain.bundle import BundleError
+from nodes.domain.diagnosis import diagnose
+from nodes.domain.sglang_flags import parse_command, split_command
+from nodes.flag_tables import table
+from nodes.management.cli import OneLineCommand
+from nodes.services.bundles import read_bundle
+from nodes.services.profiles import DEFAULT_VERSION
+
+
+class Command(OneLineCommand):
+    help = "Diagnose a failed launch from its bundle (a folder or a .tar.gz)."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("bundle", help="A rankwise-case/1 folder or .tar.gz archive")
+        parser.add_argument("--json", action="store_true", help="Print only one JSON document")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            log, facts = read_bundle(options["bundle"])
+        except BundleError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        except OSError as exc:
+            raise CommandError(f"{options['bundle']}: {exc.strerror}", returncode=2) from None
+        command = facts.get("command") or []
+        try:
+            argv, _ = split_command([str(w) for w in command] if isinstance(command, list) else [])
+        except ValueError:
+            argv = []
+        version = str(facts.get("engine_version") or DEFAULT_VERSION)
+        found = diagnose(log, facts, parse_command(argv, table(version)).values)
+        if options["json"]:
+            self.stdout.write(json.dumps(found.to_json()))
+            return
+        self.stdout.write(f"{found.category}: {found.summary}")
+        self.stdout.write(f"fix: {found.remedy}")
+        for item in found.evidence:
+            where = f"line {item.line}" if item.line else item.source
+            self.stdout.write(f"  {where}: {item.text}")
