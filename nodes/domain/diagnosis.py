@@ -212,7 +212,86 @@ def mem_fraction_too_low(bundle: Bundle) -> Diagnosis | None:
     )
 
 
-RULES: Sequence[Rule] = (host_precheck, mem_fraction_too_low)
+HOST_POOL = re.compile(
+    r"(?:\[[^\]]*?(?P<rank>(?:DP\d+_)?TP\d+)[^\]]*\] )?.*?(?:Allocating (?P<old>[\d.]+) GB host "
+    r"memory for hierarchical KV cache|hierarchical KV host pool: \d+ tokens, (?P<new>[\d.]+) GB)"
+)
+
+
+def _available_before(bundle: Bundle) -> float | None:
+    """MemAvailable (GB) in the last snapshot taken before the launch, if any."""
+    for snapshot in reversed(bundle.facts.get("snapshots") or []):
+        if snapshot.get("phase") == "before_launch":
+            value = (snapshot.get("meminfo") or {}).get("MemAvailable")
+            return value / 1e9 if isinstance(value, int | float) and value > 0 else None
+    return None
+
+
+def host_oom_hicache(bundle: Bundle) -> Diagnosis | None:
+    """The host pools SGLang says it pins, summed over the ranks on this node, exceed the
+    node's memory: each rank checked alone (≤ 0.5.18), so none refused (§2, §6)."""
+    hits = bundle.log.find(HOST_POOL)
+    if not hits:
+        return None
+    per_rank: dict[str, list[float]] = {}
+    for number, match in hits:
+        rank = match["rank"] or f"line{number}"
+        per_rank.setdefault(rank, []).append(_num(match["old"] or match["new"]))
+    ranks = len(per_rank)
+    pools = max(per_rank.values(), key=len)
+    each = round(sum(pools), 2)
+    total = round(sum(sum(v) for v in per_rank.values()), 2)
+    ram, before = bundle.host_ram_gb(), _available_before(bundle)
+    limit = before if before is not None else ram
+    if limit is None or total <= limit:
+        return None
+    tp = int(bundle.flag("tp_size", "tensor_parallel_size", default=ranks) or ranks)
+    numbers = {
+        "tp_size": tp,
+        "local_ranks": ranks,
+        "hicache_size_gb_per_rank": pools[0],
+        "per_rank_total_gb": each,
+        "aggregate_gb": total,
+    }
+    if len(pools) > 1:
+        parts = " + ".join(f"{_fmt(p)} GB" for p in pools)
+        per = f"host pools {parts} = {_fmt(each)} GB per rank"
+        numbers["dsa_indexer_gb_per_rank"] = pools[1]
+    else:
+        per = f"--hicache-size {_fmt(each)} GB is per TP rank; {ranks} ranks"
+    against = f"{_fmt(limit)} GB {'available' if before is not None else 'host RAM'}"
+    if ram is not None:
+        numbers["host_ram_gb"] = round(ram, 2)
+        if before is not None:
+            numbers["mem_available_before_gb"] = round(before, 2)
+            against += f" ({_fmt(ram)} GB host RAM)"
+    if len(pools) > 1:
+        summary = (
+            f"host RAM exhausted: {per} x {ranks} local ranks = {_fmt(total)} GB > {against}; "
+            "SGLang checked each rank alone"
+        )
+    else:
+        summary = f"host RAM exhausted: {per} x {_fmt(each)} GB = {_fmt(total)} GB > {against}"
+    meant = math.floor(pools[0] / ranks)
+    fits = math.floor((limit - HOST_RESERVE_GB) / ranks - (each - pools[0]))
+    evidence = [bundle.evidence(hit) for hit in hits[: ranks * len(pools)]]
+    for snapshot in bundle.facts.get("snapshots") or []:
+        for line in (snapshot.get("kernel_log") or [])[:3]:
+            evidence.append(Evidence(str(line)[:300], None, "snapshot"))
+    return Diagnosis(
+        category="host-oom-hicache",
+        summary=summary,
+        remedy=(
+            f"--hicache-size is per rank (the aggregate across local ranks is what the node "
+            f"must hold): reduce --hicache-size to at most {max(fits, 0)} GB per rank here; if "
+            f"{_fmt(pools[0])} GB was meant for the whole node, that is --hicache-size {meant}"
+        ),
+        evidence=evidence,
+        numbers=numbers,
+    )
+
+
+RULES: Sequence[Rule] = (host_precheck, mem_fraction_too_low, host_oom_hicache)
 
 
 def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) -> Diagnosis:
