@@ -291,7 +291,100 @@ def host_oom_hicache(bundle: Bundle) -> Diagnosis | None:
     )
 
 
-RULES: Sequence[Rule] = (host_precheck, mem_fraction_too_low, host_oom_hicache)
+UNBALANCED = re.compile(
+    r"The memory capacity is unbalanced\..*?min_per_gpu_memory=(?P<min>[\d.]+), "
+    r"local_gpu_memory=(?P<local>[\d.]+)"
+)
+
+
+def gpu_unbalanced(bundle: Bundle) -> Diagnosis | None:
+    """SGLang's check that every TP GPU has at least 90 % of the local GPU's free memory
+    (``model_runner.py``, §6): another process holds memory on one of them."""
+    hit = bundle.log.first(UNBALANCED)
+    if hit is None:
+        return None
+    low, local = _num(hit[1]["min"]), _num(hit[1]["local"])
+    return Diagnosis(
+        category="gpu-occupied-by-other-process",
+        summary=(
+            f"TP GPUs have unequal free memory: the least-free GPU has {low:.2f} GB vs "
+            f"{local:.2f} GB on the local GPU (below 0.9 x {local:.2f} = {0.9 * local:.2f} GB), so "
+            "another process is occupying one GPU, or the GPUs are not alike"
+        ),
+        remedy=(
+            "kill processes occupying GPU memory (see the node's GPU holders), or choose idle "
+            "GPUs (CUDA_VISIBLE_DEVICES) of one model; the check can be bypassed "
+            "(SGL_DISABLE_TP_MEMORY_INBALANCE_CHECK in 0.5.2, "
+            "SGLANG_ENABLE_TP_MEMORY_INBALANCE_CHECK=0 later) only with homogeneous GPUs"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers={
+            "min_per_gpu_memory_gb": round(low, 2),
+            "local_gpu_memory_gb": round(local, 2),
+            "threshold_gb": round(0.9 * local, 2),
+            "imbalance_ratio": 0.9,
+        },
+    )
+
+
+PORT_WAIT = re.compile(
+    r"(?P<name>\w+_port) at (?P<port>\d+) is not available in (?P<wait>\d+) seconds"
+)
+
+
+def port_in_use(bundle: Bundle) -> Diagnosis | None:
+    """SGLang waited for a port it needs (``wait_port_available``, §6); the snapshot says who
+    holds it."""
+    hit = bundle.log.first(PORT_WAIT)
+    if hit is None:
+        return None
+    name, port, wait = hit[1]["name"], int(hit[1]["port"]), int(hit[1]["wait"])
+    numbers: dict[str, float] = {"port": port, "wait_seconds": wait}
+    holder, evidence = "", [bundle.evidence(hit)]
+    secondary: list[str] = []
+    for snapshot in reversed(bundle.facts.get("snapshots") or []):
+        owners = [p for p in snapshot.get("listening_ports") or [] if p.get("port") == port]
+        processes = {p.get("pid"): p for p in snapshot.get("processes") or []}
+        candidates = [o.get("pid") for o in owners] or [
+            pid for pid, p in processes.items() if "sglang" in str(p.get("cmdline", ""))
+        ]
+        if candidates and candidates[0] is not None:
+            pid = int(candidates[0])
+            process = processes.get(pid, {})
+            numbers["holder_pid"] = pid
+            holder = f" by PID {pid}"
+            if process:
+                holder += f" ({process.get('cmdline')}, PPID {process.get('ppid')}"
+                if process.get("elapsed_s"):
+                    holder += f", running {process['elapsed_s']} s"
+                holder += ")"
+                evidence.append(Evidence(f"PID {pid}: {process.get('cmdline')}", None, "snapshot"))
+                if process.get("ppid") == 1 and "sglang" in str(process.get("cmdline")):
+                    secondary = ["defunct-zombie-process"]
+                    holder += ", an SGLang process of an earlier launch left behind"
+            break
+    return Diagnosis(
+        category="port-in-use",
+        secondary_categories=secondary,
+        summary=(
+            f"port {port} ({name}) was still held{holder}; SGLang waited {wait} seconds for it"
+        ),
+        remedy=(
+            "kill the leftover sglang process holding the port (kill by process group: "
+            "kill -TERM -<pgid>, not by name), clean up before relaunch, or choose another port"
+        ),
+        evidence=evidence,
+        numbers=numbers,
+    )
+
+
+RULES: Sequence[Rule] = (
+    host_precheck,
+    mem_fraction_too_low,
+    gpu_unbalanced,
+    port_in_use,
+    host_oom_hicache,
+)
 
 
 def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) -> Diagnosis:

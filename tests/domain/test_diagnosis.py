@@ -18,7 +18,7 @@ from nodes.flag_tables import table
 
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 # The corpus cases whose rules have landed (issue 7 in progress).
-LANDED = {"C02", "C05", "C09", "S01"}
+LANDED = {"C02", "C05", "C09", "C15", "C16", "C30", "S01"}
 
 
 def flags_of(facts: dict) -> dict:
@@ -89,3 +89,36 @@ def test_an_empty_log_is_unknown_and_says_what_would_help():
         "remedy",
         "numbers",
     }
+
+
+def test_a_busy_nccl_port_with_its_holder_in_the_snapshot():
+    log = (
+        "[2026-05-02 08:00:00] server_args=ServerArgs(port=31000, ...)\n"
+        "ValueError: nccl_port at 31417 is not available in 60 seconds. nccl_port is used by a "
+        "process already.\n"
+    )
+    facts = {
+        "snapshots": [
+            {
+                "phase": "after_failure",
+                "listening_ports": [{"port": 31417, "pid": 777}],
+                "processes": [{"pid": 777, "ppid": 1, "cmdline": "sglang::scheduler_TP1"}],
+            }
+        ]
+    }
+    found = diagnose(log, facts, {})
+    assert (
+        found.category == "port-in-use" and "defunct-zombie-process" in found.secondary_categories
+    )
+    assert found.numbers == {"port": 31417, "wait_seconds": 60, "holder_pid": 777}
+
+
+def test_an_unbalanced_gpu_in_0_5_23_wording():
+    log = (
+        "RuntimeError: The memory capacity is unbalanced. Some GPUs may be occupied by other "
+        "processes. min_per_gpu_memory=60.125, local_gpu_memory=139.5, local_gpu_memory * "
+        "0.9=125.55\n"
+    )
+    found = diagnose(log, {}, {})
+    assert found.category == "gpu-occupied-by-other-process"
+    assert "60.12 GB vs 139.50 GB" in found.summary or "60.13 GB vs 139.50 GB" in found.summary
