@@ -378,7 +378,146 @@ def port_in_use(bundle: Bundle) -> Diagnosis | None:
     )
 
 
+SHM_SEGMENT = re.compile(
+    r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)"
+)
+
+
+def nccl_shm(bundle: Bundle) -> Diagnosis | None:
+    """NCCL could not create its shared-memory segment: /dev/shm is too small (Docker's
+    default is 64 MB)."""
+    hit = bundle.log.first(SHM_SEGMENT)
+    if hit is None:
+        return None
+    segment = int(hit[1]["size"])
+    tp = int(bundle.flag("tp_size", "tensor_parallel_size", default=1) or 1)
+    numbers: dict[str, float] = {"tp_size": tp, "nccl_segment_bytes": segment}
+    size = ""
+    for snapshot in reversed(bundle.facts.get("snapshots") or []):
+        shm = snapshot.get("shm") or {}
+        if shm.get("size_bytes"):
+            numbers["shm_size_mb"] = round(shm["size_bytes"] / 2**20)
+            size = f" is only {numbers['shm_size_mb']:g} MB"
+            break
+    numbers["recommended_shm_gb"] = 16
+    return Diagnosis(
+        category="nccl-shm",
+        summary=(
+            f"/dev/shm{size}: NCCL cannot create its {segment / 1e6:.1f} MB ({segment} bytes) "
+            f"shared-memory segments between the {tp} TP ranks (16 GB recommended)"
+        ),
+        remedy=(
+            "give the container a larger /dev/shm: docker run --shm-size 16g (or --ipc=host); "
+            "in Kubernetes an emptyDir with medium: Memory and a sizeLimit mounted at /dev/shm"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+REMOTE_CODE = re.compile(
+    r"requires you to execute the configuration file in that repo|"
+    r"contains custom code which must be executed"
+)
+
+
+def trust_remote_code(bundle: Bundle) -> Diagnosis | None:
+    """transformers refuses a model that ships its own code without --trust-remote-code (§6)."""
+    hit = bundle.log.first(REMOTE_CODE)
+    if hit is None:
+        return None
+    return Diagnosis(
+        category="trust-remote-code",
+        summary=(
+            "the model ships custom config/model code (auto_map in config.json) and the launch "
+            "did not pass --trust-remote-code"
+        ),
+        remedy=(
+            "review the repo's code, then add --trust-remote-code (and pin the model revision "
+            "you reviewed)"
+        ),
+        evidence=[bundle.evidence(hit)],
+    )
+
+
+NOT_DIVISIBLE = re.compile(
+    r"AssertionError: (?P<dim>\d+) is not divisible by (?P<tp>\d+)|Total number of attention "
+    r"heads \((?P<heads>\d+)\) must be divisible by tensor parallel size \((?P<tp2>\d+)\)"
+)
+
+
+def tp_divisibility(bundle: Bundle) -> Diagnosis | None:
+    """A sharded dimension (attention heads, the vision tower's heads) is not a multiple of the
+    TP size."""
+    hit = bundle.log.first(NOT_DIVISIBLE)
+    if hit is None:
+        return None
+    dim = int(hit[1]["dim"] or hit[1]["heads"])
+    tp = int(hit[1]["tp"] or hit[1]["tp2"])
+    valid = [d for d in range(1, dim + 1) if dim % d == 0]
+    nearest = min((d for d in valid if d != tp), key=lambda d: (abs(d - tp), -d))
+    what = "attention heads" if hit[1]["heads"] else "heads of a sharded layer (e.g. vision heads)"
+    numbers: dict[str, float] = {"tp_size": tp, "attention_heads": dim}
+    weights = bundle.facts.get("model_weights_bytes")
+    fit = ""
+    if isinstance(weights, int | float) and weights > 0:
+        bigger = min((d for d in valid if d > tp), default=nearest)
+        per_gpu = math.floor(weights / 1e9 / bigger * 10 + 0.5) / 10  # half up, as people round
+        numbers.update(weights_gb=round(weights / 1e9), weights_gb_per_gpu=per_gpu)
+        fit = f"; {weights / 1e9:.0f} GB of weights are {per_gpu} GB per GPU at TP {bigger}"
+    return Diagnosis(
+        category="tp-divisibility",
+        summary=(
+            f"tensor-parallel size {tp} does not divide the model's {dim} {what}; valid TP sizes "
+            f"are {', '.join(map(str, valid))}{fit}"
+        ),
+        remedy=(
+            f"tp must divide attention heads: use --tp {nearest} (valid: "
+            f"{', '.join(map(str, valid))}), or pipeline parallel instead"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+ORDINAL = re.compile(r"CUDA error: invalid device ordinal")
+
+
+def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
+    """A rank asked for a device index beyond CUDA_VISIBLE_DEVICES (``--base-gpu-id`` is an
+    index into the visible devices, not a physical id)."""
+    hit = bundle.log.first(ORDINAL)
+    if hit is None:
+        return None
+    visible = str((bundle.facts.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "")
+    count = len([v for v in visible.split(",") if v.strip()]) if visible else None
+    base = int(bundle.flag("base_gpu_id", default=0) or 0)
+    tp = int(bundle.flag("tp_size", "tensor_parallel_size", default=1) or 1)
+    numbers: dict[str, float] = {"base_gpu_id": base, "tp_size": tp}
+    summary = f"GPU index out of range: base_gpu_id {base} with tp {tp}"
+    remedy = "--base-gpu-id is an index into CUDA_VISIBLE_DEVICES; do not set both to physical ids"
+    if count:
+        highest = count - tp
+        numbers.update(visible_count=count, max_valid_base_gpu_id=highest)
+        summary += (
+            f", but CUDA_VISIBLE_DEVICES={visible} remaps the {count} visible GPUs to "
+            f"0..{count - 1}, so a rank asks for device {base + tp - 1} of {count}"
+        )
+        remedy += f": --base-gpu-id {max(highest, 0)} at most (base_gpu_id + tp*dp <= visible GPUs)"
+    return Diagnosis(
+        category="tp-gpu-mapping",
+        summary=summary,
+        remedy=remedy,
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
 RULES: Sequence[Rule] = (
+    nccl_shm,
+    trust_remote_code,
+    tp_divisibility,
+    tp_gpu_mapping,
     host_precheck,
     mem_fraction_too_low,
     gpu_unbalanced,
