@@ -513,7 +513,230 @@ def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
     )
 
 
+GRAPH_OOM = re.compile(
+    r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*?Tried to allocate "
+    r"(?P<tried>[\d.]+) GiB\. GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+) GiB of "
+    r"which (?P<free>[\d.]+) "
+    r"GiB is free"
+)
+
+
+def gpu_oom_cuda_graph(bundle: Bundle) -> Diagnosis | None:
+    """Out of GPU memory while capturing CUDA graphs: what mem-fraction-static left outside the
+    static pool (activations, graphs) was too little (§6)."""
+    hit = bundle.log.first(GRAPH_OOM)
+    if hit is None:
+        return None
+    tried, gpu = _num(hit[1]["tried"]), int(hit[1]["gpu"])
+    total, free = _num(hit[1]["total"]), _num(hit[1]["free"])
+    mfs = bundle.flag("mem_fraction_static")
+    numbers: dict[str, float] = {
+        "tried_to_allocate_gib": tried,
+        "free_gib_at_oom": free,
+        "gpu_total_gib": total,
+        "failing_gpu": gpu,
+    }
+    keeps = ""
+    begin = bundle.log.first(LOAD_BEGIN)
+    if mfs is not None and begin is not None:
+        before = _num(begin[1]["avail"])
+        reserved = round((1 - float(mfs)) * before, 2)
+        numbers.update(mem_fraction_static_failing=float(mfs), reserved_gib_for_graphs=reserved)
+        keeps = (
+            f": --mem-fraction-static {_fmt(float(mfs))} keeps only {_fmt(1 - float(mfs))} x "
+            f"{before:.2f} = {reserved:.2f} GiB for graphs and activations"
+        )
+    extra = ""
+    if bundle.flag("enable_hierarchical_cache"):
+        ratio, page = bundle.flag("hicache_ratio", default=2.0), bundle.flag("page_size") or 1
+        numbers.update(hicache_ratio=float(ratio), page_size=int(page))
+        extra = (
+            f"; HiCache (hicache_ratio {_fmt(float(ratio))}, page_size {page}) adds transfer "
+            "buffers on top"
+        )
+    return Diagnosis(
+        category="gpu-oom-cuda-graph",
+        secondary_categories=["mem-fraction-too-high"],
+        summary=(
+            f"GPU OOM during CUDA-graph capture on GPU {gpu} (tried to allocate {tried:.2f} GiB, "
+            f"{free:.2f} GiB of {_fmt(total)} GiB free){keeps}{extra}"
+        ),
+        remedy=(
+            "lower --mem-fraction-static (re-tune the mem fraction when enabling HiCache), or "
+            "cap graph capture with --cuda-graph-max-bs; a larger --page-size shrinks the "
+            "hicache transfer buffers"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+WARMUP = re.compile(r"Initialization failed\. warmup error")
+WARMUP_STATUS = re.compile(
+    r"\"(?:GET|POST) http://[^:/]+:(?P<port>\d+)/\S* HTTP/1\.1\" (?P<status>\d{3})"
+)
+PROXIED = re.compile(r"res=<Response \[(?P<status>\d{3})\]>")
+
+
+def health_check_failure(bundle: Bundle) -> Diagnosis | None:
+    """The server loaded but its own warm-up request failed, so it killed itself."""
+    hit = bundle.log.first(WARMUP)
+    if hit is None:
+        return None
+    evidence = [bundle.evidence(hit)]
+    numbers: dict[str, float] = {}
+    status = bundle.log.first(PROXIED) or bundle.log.first(WARMUP_STATUS)
+    detail = ""
+    if status is not None:
+        numbers["http_status"] = int(status[1]["status"])
+        evidence.append(bundle.evidence(status))
+        detail = f" answered {status[1]['status']}"
+    request = bundle.log.first(WARMUP_STATUS)
+    proxy = ""
+    if request is not None:
+        numbers["port"] = int(request[1]["port"])
+        line = bundle.log.lines[request[0] - 1]
+        if re.search(r"http://[\d.]+:\d+ \"(?:GET|POST) http://", line):
+            proxy = " through the HTTP proxy from the environment (no_proxy lacks its host)"
+            evidence.append(bundle.evidence(request))
+    port = f" on port {numbers['port']:g}" if "port" in numbers else ""
+    return Diagnosis(
+        category="health-check-failure",
+        summary=(
+            f"the warm-up request to the server{port} went{proxy or ' out'} and{detail}, so "
+            "SGLang killed itself although the model loaded"
+        ),
+        remedy=(
+            "set no_proxy/NO_PROXY=localhost,127.0.0.1,0.0.0.0 (or unset http_proxy for the "
+            "server process), or serve on --host 127.0.0.1"
+        ),
+        evidence=evidence,
+        numbers=numbers,
+    )
+
+
+LOAD_BARRIER = re.compile(
+    r"could finish the model loading, but there are other ranks that didn't finish loading"
+)
+SHARDS = re.compile(r"checkpoint shards:\s*\d+% Completed \| (?P<done>\d+)/(?P<total>\d+)")
+
+
+def startup_timeout(bundle: Bundle) -> Diagnosis | None:
+    """Ranks that finished loading gave up waiting for the others at the post-load barrier."""
+    hits = bundle.log.find(LOAD_BARRIER)
+    if not hits:
+        return None
+    tp = int(bundle.flag("tp_size", "tensor_parallel_size", default=1) or 1)
+    numbers: dict[str, float] = {"tp_size": tp}
+    shards = bundle.log.find(SHARDS)
+    loaded = ""
+    if shards:
+        numbers["shards"] = int(shards[-1][1]["total"])
+        loaded = f" after loading {shards[-1][1]['total']} checkpoint shards"
+    return Diagnosis(
+        category="startup-timeout",
+        summary=(
+            f"model-loading barrier timed out{loaded}: {len(hits)} of {tp} TP ranks finished "
+            "loading and gave up waiting for the others; a slow rank or node, unless the "
+            "lagging rank was OOM-killed"
+        ),
+        remedy=(
+            "raise the barrier timeout (SGLANG_MODEL_LOADING_TIMEOUT_S), pre-stage weights on "
+            "faster local storage, check the slow node, and check for an OOM on the lagging rank"
+        ),
+        evidence=[bundle.evidence(hit) for hit in hits[:3]],
+        numbers=numbers,
+    )
+
+
+CUDA_OOM = re.compile(r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError: CUDA out of memory")
+ATTEMPT_MFS = re.compile(r"server_args=ServerArgs\(.*?mem_fraction_static=(?P<mfs>[\d.]+)")
+
+
+def mem_fraction_window(bundle: Bundle) -> Diagnosis | None:
+    """Attempts at two fractions where the higher ran out of GPU memory and the lower left no
+    KV cache: no value of mem-fraction-static works for this configuration."""
+    oom, low = bundle.log.first(CUDA_OOM), bundle.log.first(NOT_ENOUGH_KV)
+    attempts = [_num(m["mfs"]) for _, m in bundle.log.find(ATTEMPT_MFS)]
+    if oom is None or low is None or len(set(attempts)) < 2:
+        return None
+    high, lower = max(attempts), min(attempts)
+    return Diagnosis(
+        category="mem-fraction-window",
+        secondary_categories=["gpu-oom-cuda-graph", "mem-fraction-too-low"],
+        summary=(
+            f"no workable --mem-fraction-static: {_fmt(high)} runs out of GPU memory and "
+            f"{_fmt(lower)} leaves no memory for the KV cache; shrink the demand instead of "
+            "tuning the fraction"
+        ),
+        remedy=(
+            "reduce --max-running-requests, --cuda-graph-max-bs or --context-length (with "
+            "speculative decoding also --speculative-num-draft-tokens), or use more GPUs (--tp 2)"
+        ),
+        evidence=[bundle.evidence(oom), bundle.evidence(low)],
+        numbers={"mfs_oom": high, "mfs_not_enough_memory": lower},
+    )
+
+
+def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
+    """The latest snapshot is after a cleanup (FORMAT.md: it sets the question): GPU memory used
+    with no process, and host memory that did not come back."""
+    snapshots = bundle.facts.get("snapshots") or []
+    if not snapshots or snapshots[-1].get("phase") != "after_cleanup":
+        return None
+    last = snapshots[-1]
+    holders = {p.get("gpu_index") for p in last.get("gpu_processes") or []}
+    held = [
+        g
+        for g in last.get("gpus") or []
+        if (g.get("memory_used_bytes") or 0) > 2**30 and g.get("index") not in holders
+    ]
+    if not held:
+        return None
+    numbers: dict[str, float] = {}
+    for g in held:
+        numbers[f"gpu{g['index']}_used_mib"] = round(g["memory_used_bytes"] / 2**20)
+    gpus = " and ".join(str(g["index"]) for g in held)
+    used = " and ".join(f"{numbers['gpu' + str(g['index']) + '_used_mib']:g}" for g in held)
+    host = ""
+    meminfo = last.get("meminfo") or {}
+    before = _available_before(bundle)
+    if meminfo.get("MemTotal") and meminfo.get("MemAvailable") is not None:
+        in_use = (meminfo["MemTotal"] - meminfo["MemAvailable"]) / 1e9
+        numbers["host_used_after_cleanup_gb"] = round(in_use)
+        host = f" and {in_use:.0f} GB of host RAM stays in use"
+        if before is not None:
+            leaked = before - meminfo["MemAvailable"] / 1e9
+            numbers["leaked_host_gb"] = round(leaked)
+            host += f" ({leaked:.0f} GB more than before the launch)"
+    earlier = diagnose(
+        "\n".join(bundle.log.lines), {**bundle.facts, "snapshots": snapshots[:-1]}, bundle.flags
+    )
+    cause = (
+        f"; the launch itself failed as {earlier.category}" if earlier.category != "unknown" else ""
+    )
+    return Diagnosis(
+        category="leaked-gpu-memory",
+        secondary_categories=[earlier.category] if earlier.category != "unknown" else [],
+        summary=(
+            f"after cleanup GPU {gpus} still show {used} MiB used{host} with no owning "
+            f"process{cause}"
+        ),
+        remedy=(
+            "no owning process is left to kill: try a GPU reset (nvidia-smi --gpu-reset) where "
+            "supported, else drain and reboot the node (or reload the driver)"
+        ),
+        evidence=[Evidence(str(n), None, "snapshot") for n in last.get("notes") or []][:4],
+        numbers=numbers,
+    )
+
+
 RULES: Sequence[Rule] = (
+    leaked_after_cleanup,
+    mem_fraction_window,
+    gpu_oom_cuda_graph,
+    health_check_failure,
+    startup_timeout,
     nccl_shm,
     trust_remote_code,
     tp_divisibility,

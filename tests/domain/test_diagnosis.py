@@ -18,7 +18,10 @@ from nodes.flag_tables import table
 
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 # The corpus cases whose rules have landed (issue 7 in progress).
-LANDED = {"C02", "C05", "C09", "C15", "C16", "C18", "C19", "C20", "C23", "C25", "C30", "S01"}
+LANDED = {
+    *("C02", "C05", "C08", "C09", "C15", "C16", "C18", "C19", "C20", "C23", "C25", "C26"),
+    *("C30", "S01", "S02"),
+}
 
 
 def flags_of(facts: dict) -> dict:
@@ -126,3 +129,13 @@ def test_an_unbalanced_gpu_in_0_5_23_wording():
     found = diagnose(log, {}, {})
     assert found.category == "gpu-occupied-by-other-process"
     assert "60.12 GB vs 139.50 GB" in found.summary or "60.13 GB vs 139.50 GB" in found.summary
+
+
+def test_no_corpus_case_gets_a_wrong_category():
+    wrong = {}
+    for case in sorted(p for p in CASES.iterdir() if p.is_dir()):
+        expected = json.loads((case / "expected.json").read_text())["category"]
+        found = run(case).category
+        if found not in (expected, "unknown"):
+            wrong[case.name] = (expected, found)
+    assert not wrong
