@@ -731,7 +731,103 @@ def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
     )
 
 
+VLLM_FREE = re.compile(
+    r"Free memory on device \S+ \((?P<free>[\d.]+)/(?P<total>[\d.]+) GiB\) on startup is less "
+    r"than desired GPU memory utilization \((?P<util>[\d.]+), (?P<want>[\d.]+) GiB\)"
+)
+
+
+def vllm_gpu_occupied(bundle: Bundle) -> Diagnosis | None:
+    """vLLM (``gpu_worker.py``): the GPU's free memory at start is below what
+    --gpu-memory-utilization asks for, because something else holds part of it."""
+    hit = bundle.log.first(VLLM_FREE)
+    if hit is None:
+        return None
+    free, total = _num(hit[1]["free"]), _num(hit[1]["total"])
+    util, want = _num(hit[1]["util"]), _num(hit[1]["want"])
+    others = round(total - free, 2)
+    fits = math.floor(free / total * 1000) / 1000
+    return Diagnosis(
+        category="gpu-occupied-by-other-process",
+        secondary_categories=["mem-fraction-too-high"],
+        summary=(
+            f"GPU already partly occupied: {others:.2f} GiB held by another process, so "
+            f"{_fmt(util)} x {total:.2f} = {want:.2f} GiB > {free:.2f} GiB free (short by "
+            f"{want - free:.2f} GiB)"
+        ),
+        remedy=(
+            "stop the previous container/process holding the GPU (nvidia-smi "
+            "--query-compute-apps shows it), cleanup GPU before launch, or lower "
+            f"--gpu-memory-utilization to {math.floor(fits * 100) / 100:.2f} (at most {fits})"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers={
+            "gpu_total_gib": total,
+            "free_gib": free,
+            "used_by_others_gib": others,
+            "gpu_memory_utilization": util,
+            "requested_gib": want,
+            "shortfall_gib": round(want - free, 2),
+            "max_util_that_fits": fits,
+        },
+    )
+
+
+HF_MISSING = re.compile(
+    r"HFValidationError|Repo id must be in the form|is not a local folder and is not a valid "
+    r"model identifier|does not appear to have a file named config\.json"
+)
+WORKER_IP = re.compile(r"ip=(?P<ip>\d+\.\d+\.\d+\.\d+)\)")
+
+
+def model_not_found(bundle: Bundle) -> Diagnosis | None:
+    """The model path does not resolve where a rank runs: a local path missing there is taken
+    for a Hugging Face repo id (transformers ``utils/hub.py``, §6)."""
+    hit = bundle.log.first(HF_MISSING)
+    if hit is None:
+        return None
+    path = bundle.flag("model_path", "model", default=None)
+    if path is None:
+        command = list(bundle.facts.get("command") or [])
+        for flag in ("--model", "--model-path"):
+            if flag in command[:-1]:
+                path = command[command.index(flag) + 1]
+    nodes = int(bundle.facts.get("nodes_in_launch") or 1)
+    numbers: dict[str, float] = {"nodes": nodes}
+    where = ""
+    worker = bundle.log.first(WORKER_IP)
+    if nodes > 1:
+        gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
+        if gpus:
+            numbers["gpus_total"] = gpus * nodes
+        tp = bundle.flag("tp_size", "tensor_parallel_size")
+        command = list(bundle.facts.get("command") or [])
+        if tp is None and "--tensor-parallel-size" in command[:-1]:
+            tp = command[command.index("--tensor-parallel-size") + 1]
+        if tp is not None:
+            numbers["tensor_parallel_size"] = int(tp)
+        where = f" on the worker of a {nodes}-node launch ({numbers.get('gpus_total', '?')} GPUs"
+        where += f", tp {tp})" if tp is not None else ")"
+        if worker is not None:
+            where += f" at {worker[1]['ip']}"
+    return Diagnosis(
+        category="model-not-found",
+        summary=(
+            f"model path {path or '?'} does not resolve{where}; the missing local path was "
+            "taken for a Hugging Face repo id and failed validation"
+        ),
+        remedy=(
+            "use the same model path on every node (a shared filesystem, or copy/rsync the "
+            "weights to each node); check with test -f <path>/config.json on all nodes"
+        ),
+        evidence=[bundle.evidence(hit)] + ([bundle.evidence(worker)] if worker else []),
+        numbers=numbers,
+    )
+
+
 RULES: Sequence[Rule] = (
+    vllm_gpu_occupied,
+    model_not_found,
     leaked_after_cleanup,
     mem_fraction_window,
     gpu_oom_cuda_graph,
