@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from nodes.domain.geometry import GeometryError, from_config, kv_bytes_per_token, kv_elem_bytes
+
 GiB = 2**30
 #: SGLang keeps this much host memory back in its HiCache check (§2): 10 GiB, printed as GB.
 HOST_RESERVE_GB = 10 * GiB / 1e9
@@ -825,7 +827,68 @@ def model_not_found(bundle: Bundle) -> Diagnosis | None:
     )
 
 
+KV_TOO_SMALL = re.compile(
+    r"max seq len \((?P<need>\d+)\) is larger than the maximum number of tokens that can be "
+    r"stored in KV cache \((?P<have>\d+)\)"
+)
+GPU_BLOCKS = re.compile(r"# GPU blocks: (?P<blocks>\d+)")
+
+
+def kv_cache_too_small(bundle: Bundle) -> Diagnosis | None:
+    """vLLM: the KV cache holds fewer tokens than one request of the maximum length needs."""
+    hit = bundle.log.first(KV_TOO_SMALL)
+    if hit is None:
+        return None
+    need, have = int(hit[1]["need"]), int(hit[1]["have"])
+    numbers: dict[str, float] = {"max_model_len": need, "kv_capacity_tokens": have}
+    evidence = [bundle.evidence(hit)]
+    blocks = bundle.log.first(GPU_BLOCKS)
+    if blocks is not None:
+        numbers["gpu_blocks"] = int(blocks[1]["blocks"])
+        numbers["block_size"] = have // max(1, int(blocks[1]["blocks"]))
+        evidence.append(bundle.evidence(blocks))
+    sizes = ""
+    config = bundle.facts.get("model_config")
+    if isinstance(config, dict):
+        try:
+            geometry = from_config(config)
+        except GeometryError:
+            geometry = None
+        if geometry is not None:
+            per_token = kv_bytes_per_token(
+                geometry, 1, 1, kv_elem_bytes("auto", geometry.torch_dtype)
+            )
+            numbers["kv_bytes_per_token"] = per_token
+            numbers["kv_capacity_gib"] = round(have * per_token / GiB, 2)
+            numbers["kv_needed_gib_for_max_len"] = round(need * per_token / GiB, 2)
+            sizes = (
+                f" ({have * per_token / GiB:.2f} GiB at {per_token} bytes = "
+                f"{per_token / 2**20:g} MiB/token), but max_model_len {need} needs "
+                f"{need * per_token / GiB:.1f} GiB"
+            )
+    # A little below the capacity (2 %), in round hundreds: one full-length request must fit.
+    suggested = int(round(have * 0.98, -2))
+    numbers["suggested_max_model_len"] = suggested
+    if "gpu_blocks" in numbers:
+        sizes = f" in {numbers['gpu_blocks']:g} GPU blocks of {numbers['block_size']:g}" + sizes
+    return Diagnosis(
+        category="gpu-oom-kv-cache",
+        summary=(
+            f"KV cache too small for the context length: room for {have} tokens{sizes}"
+            + ("" if "needs" in sizes else f" but max_model_len is {need}")
+            + f"; --max-model-len {suggested} fits"
+        ),
+        remedy=(
+            f"decrease max_model_len (--max-model-len {suggested}), or increase "
+            "--gpu-memory-utilization, use more GPUs (tensor parallel) or an fp8 kv cache"
+        ),
+        evidence=evidence,
+        numbers=numbers,
+    )
+
+
 RULES: Sequence[Rule] = (
+    kv_cache_too_small,
     vllm_gpu_occupied,
     model_not_found,
     leaked_after_cleanup,
