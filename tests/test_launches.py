@@ -44,8 +44,17 @@ def gpu_used(sim, index: int) -> int:
 
 
 def sglang_processes(sim) -> list[str]:
-    out = sim.ok("ps -eo pid,stat,args")
-    return [line for line in out.splitlines() if "sglang" in line]
+    """SGLang's own processes on the node: ranks by their title, servers by their command
+    (not the panel's launch control, whose source mentions SGLang while it runs)."""
+    found = []
+    for line in sim.ok("ps -eo pid,stat,args").splitlines()[1:]:
+        args = line.split(None, 2)[2] if len(line.split(None, 2)) == 3 else ""
+        words = args.split()
+        if words and (
+            words[0].startswith("sglang::") or words[1:3] == ["-m", "sglang.launch_server"]
+        ):
+            found.append(line)
+    return found
 
 
 def stored_lines(launch: Launch) -> list[tuple[int, str]]:
