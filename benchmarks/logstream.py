@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -118,7 +119,7 @@ def raw_tail(
     transport = client.get_transport()
     assert transport is not None
     channel = transport.open_session()
-    channel.exec_command(f"tail -n +1 -F {path}")
+    channel.exec_command(shlex.join(["tail", "-n", "+1", "-F", path]))
     channel.settimeout(0.5)
     buffer = b""
     while not stop.is_set():

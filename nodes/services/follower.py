@@ -155,6 +155,8 @@ class Follower:
         self.offset, self.seq = launch.log_offset, launch.last_seq
         self.secrets = secret_values(list(launch.revision.args), dict(launch.revision.env or {}))
         self.progress = Progress.from_json(launch.progress)
+        # Parsed once per connection: health polls read the API key and --enable-metrics.
+        self.flags = launches.flags_for(launch.revision, launch.node)
         self.health_failures = 0
         self.ranks_seen: dict[int, str] = {}
         splitter = LineSplitter()
@@ -321,8 +323,7 @@ class Follower:
     # --- health ----------------------------------------------------------------------------------
 
     def _headers(self, launch: Launch) -> dict[str, str]:
-        flags = launches.flags_for(launch.revision, launch.node)
-        key = flags.get("api_key")
+        key = self.flags.get("api_key")
         return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _try_ready(self, launch: Launch, client: Any) -> None:
@@ -369,7 +370,7 @@ class Follower:
         return None
 
     def _metrics(self, launch: Launch, client: Any) -> dict[str, float] | None:
-        if not launches.flags_for(launch.revision, launch.node).get("enable_metrics"):
+        if not self.flags.get("enable_metrics"):
             return None
         try:
             status, body = ssh.http_get(client, launch.port, "/metrics", timeout=10)

@@ -580,8 +580,7 @@ def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) ->
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         # Nothing to stop; what it still holds is what cleanup must free.
-        held = {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
-        return StopOutcome(launch, held_gpus=held)
+        return StopOutcome(launch, held_gpus=_still_reserved(launch))
     before = launch.status
     stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
     if not Launch.objects.filter(pk=launch.pk, status__in=stoppable).update(
@@ -608,14 +607,19 @@ def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) ->
     return StopOutcome(launch, remaining=remaining, held_gpus=held)
 
 
+def _still_reserved(launch: Launch) -> dict[int, int]:
+    """GPUs an ended launch still holds (kept because their memory did not come back); the
+    bytes are not re-read here, so they show as 0."""
+    return {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
+
+
 def _await_other_stop(launch: Launch) -> StopOutcome:
     """Someone else is stopping this launch: report what their stop leaves."""
     deadline = time.monotonic() + settings.RANKWISE_STOP_GRACE_SECONDS + 60
     while time.monotonic() < deadline:
         launch.refresh_from_db()
         if launch.status in LAUNCH_ENDED:
-            held = {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
-            return StopOutcome(launch, held_gpus=held)
+            return StopOutcome(launch, held_gpus=_still_reserved(launch))
         time.sleep(0.5)
     return StopOutcome(launch, error="another stop of this launch has not finished")
 
