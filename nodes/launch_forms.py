@@ -93,3 +93,22 @@ class LaunchForm(forms.Form):
     def overrides(self) -> dict[str, str]:
         reason = (self.cleaned_data.get("reason") or "").strip()
         return {name: reason for name in self.cleaned_data.get("override") or []}
+
+
+class BundleUploadForm(forms.Form):
+    """A failure bundle from any server: a ``.tar.gz`` of a ``rankwise-case/1`` folder."""
+
+    MAX_BYTES = 64 * 2**20
+
+    bundle = forms.FileField(
+        help_text="A .tar.gz holding launch.log and facts.json (format rankwise-case/1), as "
+        "'Download bundle' gives. At most 64 MiB.",
+    )
+
+    def clean_bundle(self) -> Any:
+        upload = self.cleaned_data["bundle"]
+        if upload.size > self.MAX_BYTES:
+            raise forms.ValidationError(
+                f"The bundle is {upload.size / 2**20:.0f} MiB; at most 64 MiB is read."
+            )
+        return upload

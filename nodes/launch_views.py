@@ -15,6 +15,7 @@ import gzip
 import json
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
+from urllib.parse import urlencode
 
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
@@ -36,11 +37,13 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
+from nodes.domain import remedy, timeline
+from nodes.domain.bundle import BundleError
 from nodes.domain.logparse import PHASES, Progress, phase_label
-from nodes.launch_forms import LaunchForm
+from nodes.launch_forms import BundleUploadForm, LaunchForm
 from nodes.models import Launch, LaunchLogLine, Node
 from nodes.roles import has_role, role_required
-from nodes.services import bundles, launches
+from nodes.services import bundles, diagnoses, launches
 from nodes.services.follower import channel
 from nodes.tasks import stop_launch
 from nodes.views import HtmxHttpRequest, _redirect
@@ -55,17 +58,26 @@ def launch_list(request: HtmxHttpRequest) -> HttpResponse:
     rows = Launch.objects.select_related("node", "revision__profile")
     status = request.GET.get("status", "")
     node = request.GET.get("node", "")
+    category = request.GET.get("category", "")
     if status in LaunchStatus.values:
         rows = rows.filter(status=status)
     if node:
         rows = rows.filter(node__name=node)
+    if category:
+        rows = rows.filter(diagnosis_category=category)
     page = Paginator(rows, 50).get_page(request.GET.get("page"))
     context = {
         "page": page,
         "statuses": LaunchStatus.choices,
         "nodes": Node.objects.values_list("name", flat=True),
+        "categories": Launch.objects.exclude(diagnosis_category="")
+        .order_by("diagnosis_category")
+        .values_list("diagnosis_category", flat=True)
+        .distinct(),
         "status": status,
         "node": node,
+        "category": category,
+        "query": urlencode({k: v for k, v in request.GET.items() if k != "page"}),
     }
     return render(request, "nodes/launch_list.html", context)
 
@@ -95,7 +107,7 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
                 return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
     else:
         initial: dict[str, Any] = {}
-        for key in ("revision", "node", "gpus", "command"):
+        for key in ("revision", "adhoc_revision", "node", "gpus", "port", "command"):
             if request.GET.get(key):
                 initial[key] = request.GET[key]
         form = LaunchForm(initial=initial)
@@ -103,6 +115,9 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
 
 
 def _state_context(launch: Launch) -> dict[str, Any]:
+    """What the polled state part of the launch page shows: the diagnosis first when the
+    launch failed, the phase bar (frozen where a failed launch stopped), checks, the memory
+    timeline, the estimate beside the server's figures."""
     progress = Progress.from_json(launch.progress)
     reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
     phases = [
@@ -137,7 +152,16 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "comparison": comparison,
         "usage": usage,
         "ended": launch.status in LAUNCH_ENDED,
+        # A failed launch is diagnosed right after it fails, again once its log is whole.
+        "settled": launch.status in LAUNCH_ENDED
+        and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete)),
         "stoppable": launch.status not in LAUNCH_ENDED,
+        "diagnosis": launch.diagnosis,
+        "fix": remedy.describe((launch.diagnosis or {}).get("changes") or {}),
+        "charts": timeline.charts(
+            launch.memory_timeline or [],
+            {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
+        ),
     }
 
 
@@ -148,9 +172,12 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if request.htmx and request.GET.get("part") == "state":
         return render(request, "nodes/launch_detail.html#state", _state_context(launch))
     lines = list(launch.lines.order_by("-seq").values_list("seq", "text")[:LINES_SHOWN])[::-1]
+    state = _state_context(launch)
+    evidence = {e["line"] for e in (launch.diagnosis or {}).get("evidence", []) if e.get("line")}
     context = {
-        **_state_context(launch),
+        **state,
         "lines": lines,
+        "evidence_lines": evidence,
         "last_seq": lines[-1][0] if lines else 0,
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
         "relaunch": LaunchForm(
@@ -233,6 +260,60 @@ def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
     response = HttpResponse(bundles.launch_bundle(launch), content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="launch-{launch.pk}.tar.gz"'
     return response
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Save the diagnosis's suggested change as the profile's next revision, re-validated on
+    the launch's node, then open the launch form with it."""
+    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    try:
+        revision = diagnoses.apply_fix(launch, actor=request.user, request=request)
+    except diagnoses.FixError as exc:
+        messages.error(request, str(exc))
+        return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
+    messages.success(
+        request,
+        f"Saved {revision} ({revision.message}); budget on {launch.node.name}: {revision.verdict}.",
+    )
+    query = urlencode(
+        {
+            ("adhoc_revision" if launch.adhoc else "revision"): revision.pk,
+            "node": launch.node_id,
+            "gpus": launch.gpu_list(),
+            "port": launch.port,
+        }
+    )
+    return _redirect(request, f"{reverse('nodes:launch-create')}?{query}")
+
+
+@require_http_methods(["GET", "POST"])
+@login_required
+def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponse:
+    """Upload a bundle (``.tar.gz`` of a ``rankwise-case/1`` folder) from any server and read
+    its diagnosis; nothing is stored."""
+    form = BundleUploadForm(request.POST or None, request.FILES or None)
+    context: dict[str, Any] = {"form": form}
+    if request.method == "POST" and form.is_valid():
+        upload = form.cleaned_data["bundle"]
+        try:
+            text, facts = bundles.read_bundle_file(upload)
+        except BundleError as exc:
+            form.add_error("bundle", str(exc))
+        else:
+            found = diagnoses.diagnose_bundle(text, facts)
+            lines = text.splitlines()
+            context.update(
+                diagnosis=found.to_json(),
+                name=upload.name,
+                excerpts=[
+                    (e.line, lines[e.line - 1] if e.line and e.line <= len(lines) else e.text)
+                    for e in found.evidence
+                ],
+                line_count=len(lines),
+            )
+    return render(request, "nodes/bundle_diagnose.html", context)
 
 
 def _seq(text: str | None) -> int:

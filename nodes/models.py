@@ -270,6 +270,15 @@ class Launch(models.Model):
     health_at = models.DateTimeField(null=True, blank=True)
     snapshot = models.JSONField(null=True, blank=True)
     log_archive = models.BinaryField(null=True, blank=True)
+    diagnosis = models.JSONField(
+        null=True, blank=True, help_text="Why it failed: diagnosis.Diagnosis.to_json() + changes."
+    )
+    diagnosis_category = models.CharField(max_length=40, blank=True, db_index=True)
+    memory_timeline = models.JSONField(
+        default=list,
+        blank=True,
+        help_text='Samples during start-up: [{"t": s, "host_used_bytes", "gpus": {index: bytes}}].',
+    )
 
     class Meta:
         ordering = ["-created", "-id"]

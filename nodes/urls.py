@@ -33,5 +33,7 @@ urlpatterns = [
     path("launches/<int:pk>/events/", launch_views.launch_events, name="launch-events"),
     path("launches/<int:pk>/log/", launch_views.launch_log, name="launch-log"),
     path("launches/<int:pk>/bundle/", launch_views.launch_bundle, name="launch-bundle"),
+    path("launches/<int:pk>/apply-fix/", launch_views.launch_apply_fix, name="launch-apply-fix"),
+    path("diagnose/", launch_views.bundle_diagnose, name="bundle-diagnose"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import signal
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 FORMAT = "rankwise-case/1"
@@ -80,6 +80,46 @@ def case_snapshot(snapshot: Mapping[str, Any], phase: str) -> dict[str, Any]:
     if snapshot.get("errors"):
         doc["notes"] = [f"not collected: {e}" for e in snapshot["errors"]]
     return doc
+
+
+def timeline_snapshots(
+    samples: Sequence[Mapping[str, Any]], started: datetime | None
+) -> list[dict[str, Any]]:
+    """Memory-timeline samples (``nodes.domain.timeline``) as bundle snapshots: the first is
+    ``before_launch``; the one with the lowest MemAvailable after it, if lower, ``during``."""
+    if not samples:
+        return []
+    first = samples[0]
+    low = min(
+        samples[1:],
+        key=lambda s: s.get("host_available_bytes") or 2**63,
+        default=None,
+    )
+    picked = [("before_launch", first)]
+    if low is not None and (low.get("host_available_bytes") or 2**63) < (
+        first.get("host_available_bytes") or 2**63
+    ):
+        picked.append(("during", low))
+    docs = []
+    for phase, s in picked:
+        taken = None
+        if started is not None:
+            taken = (started + timedelta(seconds=float(s.get("t") or 0))).isoformat()
+        docs.append(
+            {
+                "phase": phase,
+                "taken_at": taken,
+                "meminfo": {
+                    "MemTotal": s.get("host_total_bytes"),
+                    "MemAvailable": s.get("host_available_bytes"),
+                },
+                "gpus": [
+                    {"index": int(i), "memory_used_bytes": b}
+                    for i, b in (s.get("gpus") or {}).items()
+                ],
+            }
+        )
+    return docs
 
 
 def launch_facts(

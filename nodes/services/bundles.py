@@ -10,11 +10,18 @@ import tarfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import IO, Any
 
-from nodes.domain.bundle import BundleError, case_snapshot, check_facts, launch_facts
+from nodes.domain.bundle import (
+    BundleError,
+    case_snapshot,
+    check_facts,
+    launch_facts,
+    timeline_snapshots,
+)
 from nodes.domain.redact import redact_args, redact_env
 from nodes.models import Launch
-from nodes.services.launches import args_of
+from nodes.services import launches
 
 MAX_LOG_BYTES = 256 * 2**20
 MAX_FACTS_BYTES = 16 * 2**20
@@ -29,8 +36,16 @@ def launch_log_text(launch: Launch) -> str:
 
 
 def facts_of(launch: Launch) -> dict[str, object]:
+    """The bundle's ``facts.json`` of ``launch``: the memory timeline's first sample is the
+    ``before_launch`` snapshot, its lowest MemAvailable a ``during`` one, then the snapshot
+    taken at the failure (with the panel's reason among its notes)."""
     node = launch.node
-    snapshots = [case_snapshot(launch.snapshot, "after_failure")] if launch.snapshot else []
+    snapshots = timeline_snapshots(list(launch.memory_timeline or []), launch.started)
+    if launch.snapshot:
+        after = case_snapshot(launch.snapshot, "after_failure")
+        if launch.reason:
+            after["notes"] = [f"panel: {launch.reason}", *after.get("notes", [])]
+        snapshots.append(after)
     return launch_facts(
         engine_version=node.sglang_version or launch.revision.sglang_version or None,
         node={
@@ -41,7 +56,12 @@ def facts_of(launch: Launch) -> dict[str, object]:
                 for g in node.gpus.all()
             ],
         },
-        command=[node.sglang_python, "-m", "sglang.launch_server", *redact_args(args_of(launch))],
+        command=[
+            node.sglang_python,
+            "-m",
+            "sglang.launch_server",
+            *redact_args(launches.args_of(launch)),
+        ],
         env=redact_env({**(launch.revision.env or {}), "CUDA_VISIBLE_DEVICES": launch.gpu_list()}),
         exit_code=launch.exit_status,
         snapshots=snapshots,
@@ -52,6 +72,8 @@ def facts_of(launch: Launch) -> dict[str, object]:
             "checks": launch.checks,
             "progress": launch.progress,
             "server_info": launch.server_info,
+            "ready_at": launch.ready_at.isoformat() if launch.ready_at else None,
+            "memory_timeline": launch.memory_timeline,
         },
     )
 
@@ -77,8 +99,21 @@ def read_bundle(path: str | Path) -> tuple[str, dict[str, object]]:
     path = Path(path)
     if path.is_dir():
         return _read(lambda name: _file(path / name))
+    return _read_archive(path.name, lambda: tarfile.open(path, mode="r:*"))
+
+
+def read_bundle_file(upload: IO[bytes] | Any) -> tuple[str, dict[str, object]]:
+    """(launch.log text, facts) from an uploaded archive (a file object with ``name``);
+    raises ``BundleError``."""
+    name = str(getattr(upload, "name", "bundle"))
+    return _read_archive(name, lambda: tarfile.open(fileobj=upload, mode="r:*"))
+
+
+def _read_archive(
+    name: str, open_archive: Callable[[], tarfile.TarFile]
+) -> tuple[str, dict[str, object]]:
     try:
-        with tarfile.open(path, mode="r:*") as archive:
+        with open_archive() as archive:
             members = {
                 Path(m.name).name: m for m in archive.getmembers() if m.isfile() and m.size >= 0
             }
@@ -95,9 +130,7 @@ def read_bundle(path: str | Path) -> tuple[str, dict[str, object]]:
 
             return _read(member)
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BundleError(
-            f"{path.name} is neither a bundle folder nor a tar archive: {exc}"
-        ) from None
+        raise BundleError(f"{name} is neither a bundle folder nor a tar archive: {exc}") from None
 
 
 def _file(path: Path) -> bytes | None:

@@ -28,7 +28,7 @@ from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import mask_text, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
-from nodes.services import launches
+from nodes.services import diagnoses, launches
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ class Follower:
         self.ranks_seen: dict[int, str] = {}
         splitter = LineSplitter()
         stream = ssh.stream(client, ["tail", "-c", f"+{self.offset + 1}", "-F", status["log"]])
-        next_beat = next_check = next_health = 0.0
+        next_beat = next_check = next_health = next_sample = 0.0
         quiet_since = time.monotonic()
         try:
             while True:
@@ -188,6 +188,9 @@ class Follower:
                         return
                     self._check_ranks(launch, status)
                 if launch.status in (LaunchStatus.STARTING, LaunchStatus.LOADING):
+                    if now >= next_sample:
+                        next_sample = now + settings.RANKWISE_MEMORY_SAMPLE_SECONDS
+                        launches.sample_memory(launch)
                     if self._started_too_long(launch):
                         launches.fail(
                             launch.pk,
@@ -240,6 +243,9 @@ class Follower:
         Launch.objects.filter(pk=launch.pk, worker_token=self.token).update(log_complete=True)
         if launch.lines_dropped:
             self._archive(launch)
+        # The whole log is stored now: diagnose again with every line the server wrote.
+        diagnoses.diagnose_launch(launch.pk)
+        notify(self.launch_id, self.seq)
 
     def _started_too_long(self, launch: Launch) -> bool:
         started = launch.started or launch.created

@@ -29,13 +29,14 @@ from nodes import ssh
 from nodes.audit import record
 from nodes.choices import LAUNCH_ACTIVE, LAUNCH_ENDED, LAUNCH_RUNNING, LaunchStatus, NodeStatus
 from nodes.domain import launch_plan as plan
+from nodes.domain import timeline
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.probe_parse import NodeFacts
 from nodes.domain.redact import mask_text, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
-from nodes.services import discovery
+from nodes.services import diagnoses, discovery
 from nodes.services.credentials import target_for
 from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
 
@@ -414,7 +415,10 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
     checks.append(plan.check_gpus_idle(now, launch.gpus))
     # What the GPUs held before (another user's memory, if overridden) is not this launch's.
     before = {str(g.index): g.memory_used_bytes for g in now if g.index in launch.gpus}
-    Launch.objects.filter(pk=launch.pk).update(gpu_used_before=before)
+    first = timeline.sample(
+        0, facts.host_ram_bytes, facts.mem_available_bytes, {int(i): b for i, b in before.items()}
+    )
+    Launch.objects.filter(pk=launch.pk).update(gpu_used_before=before, memory_timeline=[first])
     launch.gpu_used_before = before
     model_path = str(flags.get("model_path", default="") or "")
     with ssh.pool.session(target_for(node)) as client:
@@ -645,7 +649,39 @@ def fail(launch_id: int, reason: str) -> bool:
         snap.setdefault("errors", []).append(exc.message)
         release(launch, keep_gpus=set(launch.gpus))
     Launch.objects.filter(pk=launch_id).update(snapshot=snap)
+    if snap.get("gpus") and snap.get("meminfo"):
+        _add_sample(
+            launch, snap["meminfo"], {g["index"]: g["memory_used_bytes"] for g in snap["gpus"]}
+        )
+    # Diagnosed now with the lines stored so far; again by the follower once the log is whole.
+    diagnoses.diagnose_launch(launch_id)
     return True
+
+
+def sample_memory(launch: Launch) -> None:
+    """Add host RAM and the launch's GPUs' used memory, as a live probe reads them now, to its
+    memory timeline. An unreachable node only leaves a gap."""
+    try:
+        facts = discovery.probe(launch.node, live=True, timeout=10)
+    except ssh.RemoteError:
+        return
+    meminfo = {"MemTotal": facts.host_ram_bytes, "MemAvailable": facts.mem_available_bytes}
+    _add_sample(launch, meminfo, {g.index: g.memory_used_bytes for g in facts.gpus})
+
+
+def _add_sample(launch: Launch, meminfo: dict[str, Any], gpus: dict[int, int]) -> None:
+    begun = launch.started or launch.created
+    point = timeline.sample(
+        (timezone.now() - begun).total_seconds(),
+        meminfo.get("MemTotal"),
+        meminfo.get("MemAvailable"),
+        {i: b for i, b in gpus.items() if i in launch.gpus},
+    )
+    with transaction.atomic():
+        row = Launch.objects.select_for_update().only("memory_timeline").get(pk=launch.pk)
+        Launch.objects.filter(pk=launch.pk).update(
+            memory_timeline=timeline.append(row.memory_timeline or [], point)
+        )
 
 
 def take_snapshot(launch: Launch) -> dict[str, Any]:

@@ -4,6 +4,14 @@
 (function () {
   const log = document.getElementById("launch-log");
   if (!log) return;
+  // The diagnosis names its evidence by line number: mark those lines in the viewer.
+  function highlight() {
+    for (const item of document.querySelectorAll("[data-evidence-line]")) {
+      const line = document.getElementById(`line-${item.dataset.evidenceLine}`);
+      if (line) line.classList.add("evidence");
+    }
+  }
+  document.body.addEventListener("htmx:afterSettle", highlight);
   const status = document.getElementById("log-status");
   let last = Number(log.dataset.lastSeq || 0);
   let failures = 0;
@@ -19,6 +27,7 @@
       if (seq <= last) continue; // a replay after a reconnect: already shown
       const span = document.createElement("span");
       span.dataset.seq = seq;
+      span.id = `line-${seq}`;
       span.textContent = text + "\n";
       frag.appendChild(span);
       last = seq;

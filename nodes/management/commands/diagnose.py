@@ -13,12 +13,9 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from nodes.domain.bundle import BundleError
-from nodes.domain.diagnosis import diagnose
-from nodes.domain.sglang_flags import parse_command, split_command
-from nodes.flag_tables import table
 from nodes.management.cli import OneLineCommand
 from nodes.services.bundles import read_bundle
-from nodes.services.profiles import DEFAULT_VERSION
+from nodes.services.diagnoses import diagnose_bundle
 
 
 class Command(OneLineCommand):
@@ -35,13 +32,7 @@ class Command(OneLineCommand):
             raise CommandError(str(exc), returncode=2) from None
         except OSError as exc:
             raise CommandError(f"{options['bundle']}: {exc.strerror}", returncode=2) from None
-        command = facts.get("command") or []
-        try:
-            argv, _ = split_command([str(w) for w in command] if isinstance(command, list) else [])
-        except ValueError:
-            argv = []
-        version = str(facts.get("engine_version") or DEFAULT_VERSION)
-        found = diagnose(log, facts, parse_command(argv, table(version)).values)
+        found = diagnose_bundle(log, facts)
         if options["json"]:
             self.stdout.write(json.dumps(found.to_json()))
             return

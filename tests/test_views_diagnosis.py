@@ -1,0 +1,202 @@
+"""Failed launches on the page: the diagnosis first, its evidence marked in the log, the memory
+timeline, the suggested fix applied as a re-validated revision; the failed list filtered by
+category; bundles from other servers uploaded and diagnosed."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from django.urls import reverse
+
+from nodes.choices import LaunchStatus
+from nodes.domain import timeline
+from nodes.models import AuditEntry, Launch, LaunchLogLine, LaunchProfile, ProfileRevision
+from nodes.services.diagnoses import diagnose_launch
+from tests.factories import make_node
+
+pytestmark = pytest.mark.django_db
+CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+GB = 10**9
+INCIDENT = ["--model-path", "/m", "--tp-size", "8", "--enable-hierarchical-cache"]
+
+
+def failed(node, args, lines, *, name="kimi", **fields) -> Launch:
+    profile, _ = LaunchProfile.objects.get_or_create(name=name, defaults={"created_by": "olga"})
+    revision = ProfileRevision.objects.create(
+        profile=profile,
+        number=profile.revisions.count() + 1,
+        args=args,
+        env={},
+        author="olga",
+        node=node,
+        verdict="block",
+        report={},
+    )
+    launch = Launch.objects.create(
+        revision=revision,
+        node=node,
+        gpus=list(range(8)),
+        port=30000,
+        created_by="olga",
+        startup_timeout_s=60,
+        status=LaunchStatus.FAILED,
+        exit_status=-9,
+        reason="sglang::scheduler_TP3 (PID 41) died during start-up",
+        last_seq=len(lines),
+        log_complete=True,
+        **fields,
+    )
+    LaunchLogLine.objects.bulk_create(
+        LaunchLogLine(launch=launch, seq=i, text=t) for i, t in enumerate(lines, 1)
+    )
+    diagnose_launch(launch.pk)
+    launch.refresh_from_db()
+    return launch
+
+
+def pools(size: int, ranks: int = 8) -> list[str]:
+    head = ["[2026-12-01 10:00:00] server_args=ServerArgs(...)", "Load weight end."]
+    return head + [
+        f"[2026-12-01 10:01:0{r} TP{r}] Allocating {size:.2f} GB host memory for hierarchical "
+        "KV cache."
+        for r in range(ranks)
+    ]
+
+
+@pytest.fixture
+def node():
+    return make_node("gpu-01", sglang_version="0.5.9", mem_available_bytes=440 * GB)
+
+
+@pytest.fixture
+def incident(node):
+    samples = [
+        timeline.sample(0, 449 * GB, 440 * GB, {0: 1 * 2**30, 1: 1 * 2**30}),
+        timeline.sample(30, 449 * GB, 200 * GB, {0: 60 * 2**30, 1: 61 * 2**30}),
+        timeline.sample(50, 449 * GB, 1 * GB, {0: 88 * 2**30, 1: 88 * 2**30}),
+    ]
+    return failed(
+        node,
+        [*INCIDENT, "--hicache-size", "300"],
+        pools(300),
+        memory_timeline=samples,
+    )
+
+
+def test_a_failed_launch_shows_its_diagnosis_first_with_the_numbers(viewer_client, incident):
+    assert incident.diagnosis_category == "host-oom-hicache"
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[incident.pk])).content.decode()
+    diagnosis = page.index('id="diagnosis"')
+    assert diagnosis < page.index("Pre-flight check") < page.index("Server log")
+    assert "8 ranks" in page and "2400 GB" in page and "440 GB available" in page
+    # Evidence lines are named and marked in the log viewer.
+    assert 'href="#line-3"' in page
+    assert 'id="line-3" class="evidence"' in page and 'id="line-1" class="evidence"' not in page
+    # The phase bar stays where the launch stopped; viewers cannot apply the fix.
+    assert "Apply as new revision" not in page
+
+
+def test_the_memory_timeline_is_drawn_from_the_samples(viewer_client, incident):
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[incident.pk])).content.decode()
+    assert "Memory during start-up" in page
+    assert 'aria-label="Host RAM used"' in page and 'aria-label="GPU memory used"' in page
+    # Host RAM used: 9 GB, then 249 GB, then 448 GB of 449 GB — the line climbs to the top.
+    assert "peak 448 GB" in page and "GPU 0: peak 88 GiB" in page
+    assert page.count("<polyline") == 3
+
+
+def test_applying_the_fix_saves_a_revalidated_revision_and_opens_the_launch_form(
+    operator_client, incident
+):
+    page = operator_client.get(reverse("nodes:launch-detail", args=[incident.pk])).content.decode()
+    assert "Apply as new revision" in page and "--hicache-size" in page
+    response = operator_client.post(reverse("nodes:launch-apply-fix", args=[incident.pk]))
+    revision = ProfileRevision.objects.get(profile__name="kimi", number=2)
+    size = int(revision.args[revision.args.index("--hicache-size") + 1])
+    assert revision.args.count("--hicache-size") == 1 and 8 * size <= 440
+    assert revision.verdict != "block" and f"Fix from launch #{incident.pk}" in revision.message
+    assert response.status_code == 302
+    assert response.url.startswith(reverse("nodes:launch-create"))
+    assert f"revision={revision.pk}" in response.url and "gpus=0%2C1" in response.url
+    form = operator_client.get(response.url).content.decode()
+    assert f'<option value="{revision.pk}" selected>' in form
+    assert AuditEntry.objects.filter(
+        action="profile.revision", object_id=str(revision.profile_id)
+    ).exists()
+
+
+def test_a_viewer_cannot_apply_a_fix(viewer_client, incident):
+    response = viewer_client.post(reverse("nodes:launch-apply-fix", args=[incident.pk]))
+    assert response.status_code == 403
+    assert not ProfileRevision.objects.filter(number=2).exists()
+
+
+def test_a_diagnosis_without_a_flag_change_saves_nothing(operator_client, node):
+    launch = failed(
+        node,
+        ["--model-path", "/m", "--tp-size", "2"],
+        ["ValueError: nccl_port at 31417 is not available in 60 seconds."],
+        name="qwen",
+    )
+    assert launch.diagnosis_category == "port-in-use"
+    response = operator_client.post(
+        reverse("nodes:launch-apply-fix", args=[launch.pk]), follow=True
+    )
+    assert "suggests no flag change" in response.content.decode()
+    assert ProfileRevision.objects.filter(profile__name="qwen").count() == 1
+
+
+def test_failed_launches_are_listed_with_their_category_and_filtered(viewer_client, node, incident):
+    other = make_node("gpu-02", sglang_version="0.5.9")
+    port = failed(
+        other,
+        ["--model-path", "/m", "--tp-size", "2"],
+        ["ValueError: nccl_port at 31417 is not available in 60 seconds."],
+        name="qwen",
+    )
+    url = reverse("nodes:launch-list")
+    page = viewer_client.get(url).content.decode()
+    assert "host-oom-hicache" in page and "port-in-use" in page
+    only = viewer_client.get(url, {"category": "port-in-use"}).content.decode()
+    assert f"#{port.pk}<" in only and f"#{incident.pk}<" not in only
+    by_node = viewer_client.get(url, {"node": "gpu-01", "status": "failed"}).content.decode()
+    assert f"#{incident.pk}<" in by_node and f"#{port.pk}<" not in by_node
+    none = viewer_client.get(url, {"category": "nccl-shm"}).content.decode()
+    assert "No launches match" in none
+
+
+def archive_of(case: Path) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+        for name in ("launch.log", "facts.json"):
+            tar.add(case / name, arcname=f"{case.name}/{name}")
+    buffer.seek(0)
+    buffer.name = f"{case.name}.tar.gz"
+    return buffer
+
+
+def test_an_uploaded_bundle_from_another_server_is_diagnosed(viewer_client):
+    response = viewer_client.post(
+        reverse("nodes:bundle-diagnose"), {"bundle": archive_of(CASES / "C05")}
+    )
+    page = response.content.decode()
+    assert response.status_code == 200 and "host-mem-precheck" in page
+    assert "34.13 GB usable" in page and "line " in page
+    assert not Launch.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"not an archive", "neither a bundle folder nor a tar archive"),
+        (b"", "The submitted file is empty"),
+    ],
+)
+def test_an_upload_that_is_no_bundle_is_refused_with_the_reason(viewer_client, content, message):
+    upload = io.BytesIO(content)
+    upload.name = "x.tar.gz"
+    response = viewer_client.post(reverse("nodes:bundle-diagnose"), {"bundle": upload})
+    assert response.status_code == 200 and message in response.content.decode()
