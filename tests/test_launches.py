@@ -10,8 +10,8 @@ import pytest
 
 from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, Launch, LaunchLogLine, Reservation
-from nodes.services import discovery, launches
-from tests.conftest import register_sim_node
+from nodes.services import bundles, discovery, launches
+from tests.conftest import manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until
 
@@ -180,7 +180,9 @@ def test_two_simultaneous_launches_onto_the_same_gpus_run_exactly_one(spare, olg
     assert launches.stop(first.pk, actor=olga).clean
 
 
-def test_the_incident_forced_past_preflight_fails_with_a_snapshot(incident, olga, launch_workers):
+def test_the_incident_forced_past_preflight_fails_with_a_snapshot_and_its_diagnosis(
+    incident, olga, launch_workers, settings, tmp_path
+):
     launch = launches.submit(
         node=incident,
         command=INCIDENT,
@@ -210,6 +212,30 @@ def test_the_incident_forced_past_preflight_fails_with_a_snapshot(incident, olga
     wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 30)
     assert sglang_processes(incident.sim) == []
     assert_whole_log(launch, incident.sim)
+
+    # The diagnosis: 0.5.9 checks each rank alone, so 8 × 300 GB went past the node's RAM.
+    launch.refresh_from_db()
+    ram_gb = round(incident.host_ram_bytes / 1e9)
+    diagnosis = launch.diagnosis
+    assert launch.diagnosis_category == diagnosis["category"] == "host-oom-hicache"
+    assert "8 ranks x 300 GB = 2400 GB" in diagnosis["summary"], diagnosis["summary"]
+    assert f"{ram_gb} GB host RAM" in diagnosis["summary"], diagnosis["summary"]
+    assert diagnosis["numbers"]["aggregate_gb"] == 2400
+    fix = diagnosis["changes"]["--hicache-size"]
+    assert 8 * fix < ram_gb, diagnosis["changes"]
+    # Sampled during start-up: host RAM climbed as the ranks pinned their pools.
+    samples = launch.memory_timeline
+    assert len(samples) >= 2 and samples[0]["t"] == 0
+    used = [s["host_total_bytes"] - s["host_available_bytes"] for s in samples]
+    assert max(used) > used[0] and set(samples[0]["gpus"]) == {str(g) for g in range(8)}
+
+    # Its downloaded bundle says the same through the CLI.
+    archive = tmp_path / f"launch-{launch.pk}.tar.gz"
+    archive.write_bytes(bundles.launch_bundle(launch))
+    cli = manage_py(settings, "diagnose", str(archive), "--json")
+    assert cli.returncode == 0, cli.stderr
+    doc = json.loads(cli.stdout)
+    assert doc["category"] == "host-oom-hicache" and doc["summary"] == diagnosis["summary"]
 
 
 def test_a_worker_killed_mid_start_loses_no_launch_and_no_line(incident, olga, launch_workers):

@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: At most this many samples are kept: when full, every other one is dropped (the first and
-#: the latest always stay), so a long start-up keeps an even resolution.
+#: At most this many samples are kept, spread evenly over the launch: the first and the latest
+#: always stay.
 MAX_SAMPLES = 600
 WIDTH, HEIGHT = 600, 160  # the SVG's own coordinates; the page scales it to its width
 
@@ -29,7 +29,16 @@ def sample(
 
 
 def append(samples: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list[dict[str, Any]]:
-    out = [dict(s) for s in samples] + [dict(new)]
+    """``samples`` with ``new`` last. Samples closer together than half of an even spread of
+    the whole span over ``MAX_SAMPLES`` replace the latest one instead of adding to it."""
+    out = [dict(s) for s in samples]
+    if len(out) >= 2:
+        span = float(new.get("t") or 0) - float(out[0].get("t") or 0)
+        spacing = 2 * span / MAX_SAMPLES
+        if float(new.get("t") or 0) - float(out[-2].get("t") or 0) < spacing:
+            out[-1] = dict(new)
+            return out
+    out.append(dict(new))
     if len(out) > MAX_SAMPLES:
         out = out[:1] + out[1:-1][1::2] + out[-1:]
     return out
