@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import shlex
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlencode
@@ -40,8 +41,9 @@ from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain import remedy, timeline
 from nodes.domain.bundle import BundleError
 from nodes.domain.logparse import PHASES, Progress, phase_label
+from nodes.domain.redact import redact_args
 from nodes.launch_forms import BundleUploadForm, LaunchForm
-from nodes.models import Launch, LaunchLogLine, Node
+from nodes.models import Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.roles import has_role, role_required
 from nodes.services import bundles, diagnoses, launches
 from nodes.services.follower import channel
@@ -111,7 +113,23 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
             if request.GET.get(key):
                 initial[key] = request.GET[key]
         form = LaunchForm(initial=initial)
-    return render(request, "nodes/launch_form.html", {"form": form})
+    return render(request, "nodes/launch_form.html", {"form": form, "preset": _preset(form)})
+
+
+def _preset(form: LaunchForm) -> dict[str, str] | None:
+    """The revision the form launches, spelled out (masked) when it is not in the choices
+    shown: an ad-hoc command's revision, or one just saved from a diagnosis's fix."""
+    pk = form["adhoc_revision"].value() or form["revision"].value()
+    try:
+        revision = ProfileRevision.objects.select_related("profile").get(pk=int(pk))
+    except (TypeError, ValueError, ProfileRevision.DoesNotExist):
+        return None
+    masked = redact_args(list(revision.args))
+    return {
+        "name": "ad-hoc command" if revision.profile.adhoc else str(revision),
+        "command": shlex.join(["python3", "-m", "sglang.launch_server", *masked]),
+        "message": revision.message,
+    }
 
 
 def _state_context(launch: Launch) -> dict[str, Any]:
