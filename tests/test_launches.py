@@ -299,3 +299,9 @@ def test_a_rank_killed_after_ready_makes_the_launch_failed_not_running(spare, ol
     wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 30)
     assert sglang_processes(spare.sim) == []
     assert not Reservation.objects.filter(launch=launch).exists()
+    # The same engine reads the runtime failure: ready first, then the rank or /health.
+    launch.refresh_from_db()
+    diagnosis = launch.diagnosis
+    assert diagnosis["category"] == "health-check-failure", diagnosis
+    assert "the server was ready (line" in diagnosis["summary"]
+    assert "scheduler_TP1" in diagnosis["summary"] or "/health failed" in diagnosis["summary"]

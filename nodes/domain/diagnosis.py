@@ -149,6 +149,12 @@ class Bundle:
         tags = [int(n) for line in self.log.lines for n in RANK_TAG.findall(_prefix(line))]
         return max(tags) + 1 if tags else 1
 
+    def local_ranks(self) -> int:
+        """The ranks on this node: the TP size over the nodes of the launch."""
+        nodes = self.facts.get("nodes_in_launch")
+        nodes = nodes if isinstance(nodes, int) and nodes >= 1 else 1
+        return max(self.tp() // nodes, 1)
+
     def snapshots(self) -> list[Mapping[str, Any]]:
         return [s for s in self.facts.get("snapshots") or [] if isinstance(s, Mapping)]
 
@@ -243,6 +249,8 @@ def host_precheck(bundle: Bundle) -> Diagnosis | None:
             "reserve_gb": reserve,
             "effective_free_gb": round(usable, 2),
             "shortfall_gb": round(short, 2),
+            # Every rank on the node pins its own pool out of the same free memory.
+            "suggested_hicache_size_gb": max(math.floor(usable / bundle.local_ranks()), 0),
         },
     )
 
@@ -283,6 +291,7 @@ def mem_fraction_too_low(bundle: Bundle) -> Diagnosis | None:
         "reserved_gib": round(reserved, 2),
         "kv_budget_gib": round(kv, 2),
         "mem_fraction_static_threshold": threshold,
+        "suggested_mem_fraction_static": min(math.floor(threshold * 100) / 100 + 0.01, 0.95),
     }
     total = ""
     if gpus and gpus[0].get("memory_total_bytes"):
@@ -511,6 +520,8 @@ def host_oom_hicache(bundle: Bundle) -> Diagnosis | None:
         summary = f"host RAM exhausted: {per} x {_fmt(each)} GB = {_fmt(total)} GB > {against}"
     meant = math.floor(pools[0] / ranks)
     fits = math.floor((limit - HOST_RESERVE_GB) / ranks - (each - pools[0]))
+    if fits > 0:
+        numbers["suggested_hicache_size_gb"] = fits
     evidence = [bundle.evidence(hit) for hit in hits[: ranks * len(pools)]]
     for snapshot in bundle.facts.get("snapshots") or []:
         for line in (snapshot.get("kernel_log") or [])[:3]:
@@ -565,6 +576,7 @@ def host_oom_pinned(bundle: Bundle) -> Diagnosis | None:
         numbers["fraction_of_budget_pinned"] = round(pools.total / budget, 2)
         against = f", {pools.total / budget:.2f} of {what} ({_fmt(budget)} GB)"
         # Pinned memory is never reclaimed: keep the pools under half of the share (§9 rule 1).
+        numbers["suggested_hicache_size_gb"] = math.floor(0.5 * budget / pools.ranks)
         fits = f"; --hicache-size {math.floor(0.5 * budget / pools.ranks)} or less per rank keeps "
         fits += "the pinned total under half of the host budget share"
     evidence = [bundle.evidence(hit) for hit in pools.hits[: pools.ranks]]
@@ -658,6 +670,7 @@ def host_oom_cgroup(bundle: Bundle) -> Diagnosis | None:
             growth = (max(s[0] for s in samples) - samples[0][0]) / 1e9
             room = math.floor((0.8 * limit / 1e9 - other - growth) / pools.ranks)
             if room > 0:
+                numbers["suggested_hicache_size_gb"] = room
                 fits = f" ({room} GB per rank here keeps the observed peak under 80 % of the limit)"
     return Diagnosis(
         category="host-oom-cgroup",
@@ -1021,6 +1034,7 @@ def tp_divisibility(bundle: Bundle) -> Diagnosis | None:
     nearest = min((d for d in valid if d != tp), key=lambda d: (abs(d - tp), -d))
     what = "attention heads" if hit[1]["heads"] else "heads of a sharded layer (e.g. vision heads)"
     numbers: dict[str, float] = {"tp_size": tp, "attention_heads": dim}
+    numbers["suggested_tp_size"] = nearest
     weights = bundle.facts.get("model_weights_bytes")
     fit = ""
     if isinstance(weights, int | float) and weights > 0:
@@ -1150,6 +1164,10 @@ def gpu_oom_cuda_graph(bundle: Bundle) -> Diagnosis | None:
         )
     # Roughly 0.03-0.05 more of the card per step is what a capture OOM usually needs.
     lower = f" to {mfs - 0.04:.2f}" if mfs is not None and mfs > 0.5 else ""
+    if mfs is not None and lower:
+        numbers["suggested_mem_fraction_static"] = round(mfs - 0.04, 2)
+    if lower_bs:
+        numbers["suggested_cuda_graph_max_bs"] = lower_bs
     return Diagnosis(
         category="gpu-oom-cuda-graph",
         secondary_categories=["mem-fraction-too-high"],
@@ -1776,6 +1794,98 @@ def kv_cache_too_small(bundle: Bundle) -> Diagnosis | None:
     )
 
 
+# --- after the server was ready ------------------------------------------------------------------
+
+# SGLang's ready line (§5) and vLLM's (uvicorn's) end of start-up.
+SERVED = re.compile(r"The server is fired up and ready to roll!|Application startup complete\.")
+NCCL_WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\(SeqNum=(?P<seq>\d+), "
+    r"OpType=(?P<op>\w+).*?Timeout\(ms\)=(?P<timeout>\d+)\) ran for (?P<ran>\d+) milliseconds"
+)
+RANK_GONE = re.compile(
+    r"Rank (?P<rank>\d+) scheduler (?:is dead|died)|(?P<title>sglang::scheduler\S*) \(PID "
+    r"(?P<pid>\d+)\) died while serving"
+)
+# What the panel itself saw (its notes in the failure snapshot, ``panel: …``).
+HEALTH_FAILED = re.compile(r"health check failed (?P<times>\d+) times in a row: (?P<why>.+)")
+
+
+def served_then_failed(bundle: Bundle) -> Diagnosis | None:
+    """The server reached ready, then stopped serving: a NCCL collective timed out (the
+    watchdog aborts every rank), a TP rank died (SGLang ≤ 0.5.9 has no liveness watchdog, so
+    the HTTP server keeps answering while ``/health`` says 503, §4–5), or ``/health`` kept
+    failing. Memory causes (host pools pinned, a cgroup limit) are earlier rules."""
+    ready = bundle.log.first(SERVED)
+    if ready is None:
+        return None
+    after = [(n, m) for n, m in bundle.log.find(NCCL_WATCHDOG) if n > ready[0]]
+    gone = [(n, m) for n, m in bundle.log.find(RANK_GONE) if n > ready[0]]
+    notes = bundle.notes()
+    died = next((m for m in map(RANK_GONE.search, notes) if m and m["title"]), None)
+    health = next((m for m in map(HEALTH_FAILED.search, notes) if m), None)
+    if not (after or gone or died or health):
+        return None
+    evidence = [bundle.evidence(ready)]
+    numbers: dict[str, float] = {"tp_size": bundle.tp(), "ready_line": ready[0]}
+    if after:
+        hit = after[0]
+        ran_s, timeout_s = int(hit[1]["ran"]) / 1000, int(hit[1]["timeout"]) / 1000
+        numbers.update(nccl_timeout_s=timeout_s, nccl_ran_s=round(ran_s, 1))
+        evidence.append(bundle.evidence(hit))
+        summary = (
+            f"the server was ready (line {ready[0]}), then a NCCL {hit[1]['op']} collective "
+            f"(SeqNum {hit[1]['seq']}) ran {ran_s:.0f} s past its {timeout_s:.0f} s timeout "
+            "and the watchdog aborted the ranks: one rank stalled or the GPU interconnect failed"
+        )
+        remedy = (
+            "restart the launch; look for the stalled rank or a failing link (dmesg for Xid "
+            "errors, nvidia-smi -q for ECC/NVLink errors, NCCL_DEBUG=INFO), and raise "
+            "--dist-timeout only if a rank is legitimately slow"
+        )
+    else:
+        what, kills = "", _oom_kills(bundle)
+        if died is not None:
+            what = f"{died['title']} (PID {died['pid']}) died while serving"
+            numbers["dead_pid"] = int(died["pid"])
+            evidence.append(Evidence(died.group(0), None, "snapshot"))
+        elif gone:
+            what = f"TP rank {gone[0][1]['rank']} died while serving"
+            evidence.append(bundle.evidence(gone[0]))
+        if kills:
+            what = (what or "a rank was killed") + " — the kernel's OOM killer (host RAM)"
+            evidence += kills[:2]
+        if health is not None:
+            numbers["health_failures"] = int(health["times"])
+            evidence.append(Evidence(health.group(0), None, "snapshot"))
+            answered = f"/health failed {health['times']} times in a row ({health['why']})"
+            what = f"{what}; {answered}" if what else answered
+        summary = f"the server was ready (line {ready[0]}), then stopped serving: {what}"
+        if died is not None or gone:
+            summary += "; the HTTP server may still answer while the dead rank's work never ends"
+        remedy = (
+            "restart the launch (stop it first so every rank's memory comes back); if the "
+            "kernel OOM-killed the rank, give the node more free host RAM or a smaller host pool "
+            "(--hicache-size); otherwise find who killed it (dmesg, an operator, the scheduler of "
+            "the cluster) and, for a stuck scheduler, take a py-spy dump before stopping"
+        )
+    return Diagnosis(
+        category="health-check-failure",
+        summary=summary,
+        remedy=remedy,
+        evidence=evidence,
+        numbers=numbers,
+    )
+
+
+def _oom_kills(bundle: Bundle) -> list[Evidence]:
+    return [
+        Evidence(str(line)[:300], None, "snapshot")
+        for s in bundle.snapshots()
+        for line in s.get("kernel_log") or []
+        if NODE_OOM_KILL.search(str(line))
+    ]
+
+
 RULES: Sequence[Rule] = (
     kv_cache_too_small,
     vllm_gpu_occupied,
@@ -1799,6 +1909,7 @@ RULES: Sequence[Rule] = (
     host_oom_cgroup,
     host_oom_hicache,
     host_oom_pinned,
+    served_then_failed,
     gpu_held_hidden,
 )
 

@@ -433,3 +433,60 @@ def test_odd_facts_never_raise(odd):
     for case in corpus():
         found = diagnose((CASES / case / "launch.log").read_text(), odd, {"tp_size": "x"})
         assert found.category and isinstance(found.numbers, dict)
+
+
+# --- a server that died after it was ready --------------------------------------------------
+
+READY = "[2026-06-01 09:00:00] The server is fired up and ready to roll!"
+
+
+def test_a_nccl_watchdog_after_ready_is_a_runtime_failure_with_the_collective():
+    log = "\n".join(
+        [
+            "[2026-06-01 08:58:00 TP0] Load weight end. avail mem=20.10 GB, mem usage=60.2 GB.",
+            READY,
+            "[2026-06-01 09:40:00 TP5] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=98123, OpType=ALLGATHER, NumelIn=1, NumelOut=4, "
+            "Timeout(ms)=1800000) ran for 1800047 milliseconds before timing out.",
+        ]
+    )
+    found = diagnose(log, {}, {"tp_size": 4})
+    assert found.category == "health-check-failure"
+    assert "ALLGATHER" in found.summary and "1800 s" in found.summary
+    assert found.numbers["nccl_timeout_s"] == 1800 and [e.line for e in found.evidence] == [2, 3]
+    assert "--dist-timeout" in found.remedy
+
+
+def test_a_rank_the_panel_saw_die_after_ready_names_it_and_the_oom_kill():
+    facts = {
+        "snapshots": [
+            {
+                "phase": "after_failure",
+                "kernel_log": ["Out of memory: Killed process 5121 (sglang::schedul)"],
+                "notes": ["panel: sglang::scheduler_TP2 (PID 5121) died while serving"],
+            }
+        ]
+    }
+    found = diagnose(READY + "\n", facts, {"tp_size": 4})
+    assert found.category == "health-check-failure"
+    assert "sglang::scheduler_TP2 (PID 5121) died while serving" in found.summary
+    assert "OOM killer" in found.summary and found.numbers["dead_pid"] == 5121
+
+
+def test_health_failing_while_the_http_server_answers():
+    facts = {
+        "snapshots": [
+            {"notes": ["panel: health check failed 3 times in a row: /health answered 503"]}
+        ]
+    }
+    found = diagnose("x\n" + READY + "\n", facts, {})
+    assert found.category == "health-check-failure" and "(line 2)" in found.summary
+    assert "/health failed 3 times in a row (/health answered 503)" in found.summary
+
+
+def test_a_watchdog_before_ready_is_not_a_runtime_failure():
+    log = (
+        "Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
+        "Timeout(ms)=600000) ran for 600012 milliseconds before timing out.\n"
+    )
+    assert diagnose(log, {}, {}).category != "health-check-failure"
