@@ -1,0 +1,25 @@
+"""Why a launch failed, from its bundle: the category, a one-line summary with the numbers, the
+evidence it rests on (log lines with their numbers, snapshot facts), the remedy, the figures.
+
+Rules are tried in order; each is a small function over the evidence: log signatures (exact
+texts SGLang prints, shared/reference/sglang.md §6), the memory arithmetic of the command that
+ran, and the node's snapshots. The first rule that recognises the failure names its category
+(the immediate cause, as tests/fixtures/cases/FORMAT.md asks). When no rule does, the answer is
+``unknown`` with what evidence would settle it, never a guess.
+
+Units: SGLang prints ``avail mem=``/``mem usage=`` in GiB and its host-pool figures in decimal
+GB; ``numbers`` keys carry the unit.
+
+Layout: ``evidence`` holds what a rule reads and returns (``Bundle``, ``Diagnosis``) and the
+shared log formats; the rules live in modules named for what ran out or failed (``host_memory``
+with its ``host_pools`` helpers, ``gpu_memory``, ``gpu_holders``, ``ports``, ``nccl``,
+``launch_settings``, ``startup``, ``runtime``, ``vllm``); ``engine`` puts them in order
+(``RULES``) and runs them (``diagnose``).
+"""
+
+from __future__ import annotations
+
+from nodes.domain.diagnosis.engine import RULES, diagnose
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Log, Rule
+
+__all__ = ["RULES", "Bundle", "Diagnosis", "Evidence", "Log", "Rule", "diagnose"]

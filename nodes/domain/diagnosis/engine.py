@@ -1,0 +1,138 @@
+"""The rules in the order they are tried, the clean-up of the facts they read, and
+:func:`diagnose`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule
+from nodes.domain.diagnosis.gpu_holders import (
+    gpu_held_at_oom,
+    gpu_held_hidden,
+    gpu_unbalanced,
+    leaked_after_cleanup,
+)
+from nodes.domain.diagnosis.gpu_memory import (
+    gpu_oom_cuda_graph,
+    mem_fraction_too_low,
+    mem_fraction_window,
+)
+from nodes.domain.diagnosis.host_memory import (
+    host_oom_cgroup,
+    host_oom_hicache,
+    host_oom_pinned,
+    host_precheck,
+)
+from nodes.domain.diagnosis.launch_settings import (
+    model_not_found,
+    tp_divisibility,
+    tp_gpu_mapping,
+    trust_remote_code,
+)
+from nodes.domain.diagnosis.nccl import nccl_init_hang, nccl_shm
+from nodes.domain.diagnosis.ports import port_bind_in_use, port_in_use
+from nodes.domain.diagnosis.runtime import served_then_failed
+from nodes.domain.diagnosis.startup import health_check_failure, startup_timeout
+from nodes.domain.diagnosis.vllm import kv_cache_too_small, vllm_gpu_occupied
+
+RULES: Sequence[Rule] = (
+    kv_cache_too_small,
+    vllm_gpu_occupied,
+    model_not_found,
+    leaked_after_cleanup,
+    mem_fraction_window,
+    gpu_oom_cuda_graph,
+    gpu_held_at_oom,
+    health_check_failure,
+    startup_timeout,
+    nccl_init_hang,
+    nccl_shm,
+    trust_remote_code,
+    tp_divisibility,
+    tp_gpu_mapping,
+    host_precheck,
+    mem_fraction_too_low,
+    gpu_unbalanced,
+    port_in_use,
+    port_bind_in_use,
+    host_oom_cgroup,
+    host_oom_hicache,
+    host_oom_pinned,
+    served_then_failed,
+    gpu_held_hidden,
+)
+
+
+# facts.json's shape (tests/fixtures/cases/FORMAT.md), for _clean.
+RECORD_LISTS = {"snapshots", "gpus", "processes", "gpu_processes", "listening_ports", "interfaces"}
+
+
+TEXT_LISTS = {"notes", "kernel_log", "command"}
+
+
+OBJECTS = {"node", "env", "exit", "meminfo", "cgroup_memory", "shm", "network", "files"}
+
+
+OPAQUE = {"model_config", "extra"}
+
+
+NUMBERS = {
+    *("host_ram_bytes", "memory_total_bytes", "memory_used_bytes", "used_memory_bytes"),
+    *("max_bytes", "current_bytes", "size_bytes", "used_bytes", "model_weights_bytes"),
+    *("MemTotal", "MemAvailable", "HugePages_Total", "HugePages_Free", "Hugepagesize"),
+    *("pid", "ppid", "gpu_index", "index", "port", "elapsed_s", "nodes_in_launch", "code"),
+}
+
+
+TEXTS = {"state", "name", "cmdline", "phase", "ipv4", "uuid", "taken_at", "signal"}
+
+
+def _clean(value: Any, key: str = "") -> Any:
+    """``facts`` in the shape the rules read: a wrong-typed or ``None`` entry becomes absent
+    (``None``, ``{}``, ``[]``), so no rule has to guard against it."""
+    if key in NUMBERS:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return value if ok and math.isfinite(value) else None
+    if key in TEXTS:
+        return value if isinstance(value, str) else None
+    if key in RECORD_LISTS:
+        items = value if isinstance(value, list) else []
+        return [_clean(item, "*") for item in items if isinstance(item, Mapping)]
+    if key in TEXT_LISTS:
+        items = value if isinstance(value, list) else []
+        return [str(item) for item in items if item is not None]
+    if key in OPAQUE:
+        return dict(value) if isinstance(value, Mapping) else None
+    if key == "env":
+        pairs = value if isinstance(value, Mapping) else {}
+        return {str(k): str(v) for k, v in pairs.items() if v is not None}
+    if isinstance(value, Mapping):
+        return {str(k): _clean(v, str(k)) for k, v in value.items()}
+    if key in OBJECTS or key == "*":
+        return {}
+    return value
+
+
+def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) -> Diagnosis:
+    """The diagnosis of one bundle. ``flags`` are the command's values by dest, as the node's
+    SGLang version parses them (``sglang_flags.parse_command(...).values``); never raises."""
+    bundle = Bundle(
+        Log(log_text if isinstance(log_text, str) else ""),
+        _clean(facts if isinstance(facts, Mapping) else {}),
+        dict(flags) if isinstance(flags, Mapping) else {},
+    )
+    for rule in RULES:
+        found = rule(bundle)
+        if found is not None:
+            return found
+    return Diagnosis(
+        category="unknown",
+        summary="no known failure signature or memory arithmetic explains this launch",
+        remedy=(
+            "collect more evidence: the full server log from every rank, `dmesg -T | grep -i -E "
+            "'oom|killed process'` on the node, nvidia-smi with its processes, and MemAvailable "
+            "before and after the launch"
+        ),
+    )

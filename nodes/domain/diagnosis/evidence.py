@@ -1,0 +1,211 @@
+"""What the rules read and what they return: the launch log, the bundle (log, facts, flags),
+the evidence and the diagnosis; with the log formats and number helpers every rule shares."""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from functools import cached_property
+from typing import Any
+
+GiB = 2**30
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A log line (1-based ``line``) or a snapshot fact (``line`` is ``None``)."""
+
+    text: str
+    line: int | None = None
+    source: str = "log"
+
+
+@dataclass
+class Diagnosis:
+    category: str
+    summary: str
+    remedy: str
+    evidence: list[Evidence] = field(default_factory=list)
+    numbers: dict[str, float] = field(default_factory=dict)
+    secondary_categories: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"category", "secondary_categories", "summary", "evidence", "remedy", "numbers"}``."""
+        return {
+            "category": self.category,
+            "secondary_categories": list(self.secondary_categories),
+            "summary": self.summary,
+            "evidence": [asdict(e) for e in self.evidence],
+            "remedy": self.remedy,
+            "numbers": dict(self.numbers),
+        }
+
+
+class Log:
+    """The launch log, searchable by pattern, with 1-based line numbers."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines()
+
+    def find(self, pattern: str | re.Pattern[str]) -> list[tuple[int, re.Match[str]]]:
+        regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        found = []
+        for number, line in enumerate(self.lines, 1):
+            match = regex.search(line)
+            if match:
+                found.append((number, match))
+        return found
+
+    def first(self, pattern: str | re.Pattern[str]) -> tuple[int, re.Match[str]] | None:
+        hits = self.find(pattern)
+        return hits[0] if hits else None
+
+
+@dataclass
+class Bundle:
+    """What a rule reads: the log, the facts document, and the command's flags by dest."""
+
+    log: Log
+    facts: Mapping[str, Any]
+    flags: Mapping[str, Any]
+
+    def evidence(self, hit: tuple[int, re.Match[str]]) -> Evidence:
+        number, _ = hit
+        return Evidence(self.log.lines[number - 1].strip()[:500], number)
+
+    def flag(self, *dests: str, default: Any = None) -> Any:
+        for dest in dests:
+            value = self.flags.get(dest)
+            if value is not None:
+                return value
+        return default
+
+    def host_ram_gb(self) -> float | None:
+        ram = (self.facts.get("node") or {}).get("host_ram_bytes")
+        return ram / 1e9 if isinstance(ram, int | float) and ram > 0 else None
+
+    @cached_property
+    def server_args(self) -> dict[str, Any]:
+        """The values of the last ``server_args=ServerArgs(...)`` line: what SGLang resolved for
+        the attempt the log ends with (automatic values included)."""
+        hits = self.log.find(SERVER_ARGS)
+        values: dict[str, Any] = {}
+        for match in SERVER_ARG.finditer(hits[-1][1]["args"] if hits else ""):
+            try:
+                values[match["key"]] = ast.literal_eval(match["value"].strip())
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                values[match["key"]] = match["value"].strip()
+        return values
+
+    def setting(self, *dests: str) -> Any:
+        """A setting from the parsed command, else from the log's ``server_args`` line."""
+        value = self.flag(*dests)
+        if value is None:
+            args = self.server_args
+            value = next((args[d] for d in dests if args.get(d) is not None), None)
+        return value
+
+    def given(self, option: str) -> bool:
+        """Whether the command spells ``option`` out (a default was not just applied)."""
+        command = [str(a) for a in self.facts.get("command") or []]
+        return any(a == option or a.startswith(option + "=") for a in command)
+
+    def number(self, *dests: str) -> float | None:
+        """A numeric setting, or ``None`` when it is unset or not a number."""
+        value = self.setting(*dests)
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        return float(value) if ok and math.isfinite(value) else None
+
+    def count(self, *dests: str, default: int = 1) -> int:
+        """A positive whole-number setting (a size, a count), else ``default``."""
+        value = self.setting(*dests)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value >= 1
+        return int(value) if ok else default
+
+    def tp(self) -> int:
+        """The TP size: the command, the ``server_args`` line, else the highest TP tag + 1."""
+        value = self.count("tp_size", "tensor_parallel_size", default=0)
+        if value:
+            return value
+        tags = [int(n) for line in self.log.lines for n in RANK_TAG.findall(_prefix(line))]
+        return max(tags) + 1 if tags else 1
+
+    def local_ranks(self) -> int:
+        """The ranks on this node: the TP size over the nodes of the launch."""
+        nodes = self.facts.get("nodes_in_launch")
+        nodes = nodes if isinstance(nodes, int) and nodes >= 1 else 1
+        return max(self.tp() // nodes, 1)
+
+    def snapshots(self) -> list[Mapping[str, Any]]:
+        return [s for s in self.facts.get("snapshots") or [] if isinstance(s, Mapping)]
+
+    def notes(self) -> list[str]:
+        return [str(n) for s in self.snapshots() for n in s.get("notes") or []]
+
+    def note_match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
+        """The first snapshot note with ``pattern``: figures the collector wrote in words."""
+        return next((m for m in map(pattern.search, self.notes()) if m), None)
+
+    def gpu_label(self) -> str | None:
+        """The node's GPU as people name it: ``L40S 48GB`` (decimal GB of the total)."""
+        for gpu in (self.facts.get("node") or {}).get("gpus") or []:
+            name = str((gpu or {}).get("name") or "")
+            if name:
+                label = re.sub(r"^(?:NVIDIA|AMD Instinct|AMD)\s+", "", name)
+                total = gpu.get("memory_total_bytes")
+                if isinstance(total, int | float) and total > 0 and "GB" not in label:
+                    label += f" {round(total / 1e9)}GB"
+                return label
+        return None
+
+
+SERVER_ARGS = re.compile(r"server_args=ServerArgs\((?P<args>.*)\)")
+
+
+SERVER_ARG = re.compile(r"(?P<key>\w+)=(?P<value>'[^']*'|\"[^\"]*\"|\[[^\]]*\]|[^,()\[]+)")
+
+
+# SGLang's log prefix: ``[YYYY-mm-dd HH:MM:SS{ DPd}{ TPt}...]`` (§3, "Log prefix format").
+PREFIX = re.compile(r"^\[(?P<when>\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)(?:[.,]\d+)?(?P<tags>[^\]]*)\]")
+
+
+RANK_TAG = re.compile(r"\bTP(\d+)\b")
+
+
+def _prefix(line: str) -> str:
+    match = PREFIX.match(line)
+    return match["tags"] if match else ""
+
+
+def _when(line: str) -> datetime | None:
+    """The time in SGLang's log prefix, if the line has one."""
+    match = PREFIX.match(line)
+    try:
+        return datetime.strptime(match["when"], "%Y-%m-%d %H:%M:%S") if match else None
+    except ValueError:
+        return None
+
+
+Rule = Callable[[Bundle], Diagnosis | None]
+
+
+def _num(text: str) -> float:
+    return float(text)
+
+
+def _fmt(value: float, places: int = 2) -> str:
+    """Numbers as an operator reads them: 40 not 40.00, 44.87 kept."""
+    text = f"{value:.{places}f}".rstrip("0").rstrip(".")
+    return text if text not in ("-0", "") else "0"
+
+
+LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=(?P<avail>[\d.]+) GB")
+
+
+LOAD_END = re.compile(
+    r"Load weight end\..*?avail mem=(?P<avail>[\d.]+) GB, mem usage=(?P<used>[\d.]+)"
+)

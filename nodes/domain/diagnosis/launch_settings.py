@@ -1,0 +1,162 @@
+"""Rules for a command that does not fit the model or the node: custom code without
+--trust-remote-code, a TP size that does not divide the heads or exceeds the visible GPUs, a model
+path that does not resolve."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis
+
+REMOTE_CODE = re.compile(
+    r"requires you to execute the configuration file in that repo|"
+    r"contains custom code which must be executed"
+)
+
+
+def trust_remote_code(bundle: Bundle) -> Diagnosis | None:
+    """transformers refuses a model that ships its own code without --trust-remote-code (§6)."""
+    hit = bundle.log.first(REMOTE_CODE)
+    if hit is None:
+        return None
+    return Diagnosis(
+        category="trust-remote-code",
+        summary=(
+            "the model ships custom config/model code (auto_map in config.json) and the launch "
+            "did not pass --trust-remote-code"
+        ),
+        remedy=(
+            "review the repo's code, then add --trust-remote-code (and pin the model revision "
+            "you reviewed)"
+        ),
+        evidence=[bundle.evidence(hit)],
+    )
+
+
+NOT_DIVISIBLE = re.compile(
+    r"AssertionError: (?P<dim>\d+) is not divisible by (?P<tp>\d+)|Total number of attention "
+    r"heads \((?P<heads>\d+)\) must be divisible by tensor parallel size \((?P<tp2>\d+)\)"
+)
+
+
+def tp_divisibility(bundle: Bundle) -> Diagnosis | None:
+    """A sharded dimension (attention heads, the vision tower's heads) is not a multiple of the
+    TP size."""
+    hit = bundle.log.first(NOT_DIVISIBLE)
+    if hit is None:
+        return None
+    dim = int(hit[1]["dim"] or hit[1]["heads"])
+    tp = int(hit[1]["tp"] or hit[1]["tp2"])
+    valid = [d for d in range(1, dim + 1) if dim % d == 0]
+    nearest = min((d for d in valid if d != tp), key=lambda d: (abs(d - tp), -d))
+    what = "attention heads" if hit[1]["heads"] else "heads of a sharded layer (e.g. vision heads)"
+    numbers: dict[str, float] = {"tp_size": tp, "attention_heads": dim}
+    numbers["suggested_tp_size"] = nearest
+    weights = bundle.facts.get("model_weights_bytes")
+    fit = ""
+    if isinstance(weights, int | float) and weights > 0:
+        bigger = min((d for d in valid if d > tp), default=nearest)
+        per_gpu = math.floor(weights / 1e9 / bigger * 10 + 0.5) / 10  # half up, as people round
+        numbers.update(weights_gb=round(weights / 1e9), weights_gb_per_gpu=per_gpu)
+        fit = f"; {weights / 1e9:.0f} GB of weights are {per_gpu} GB per GPU at TP {bigger}"
+    return Diagnosis(
+        category="tp-divisibility",
+        summary=(
+            f"tensor-parallel size {tp} does not divide the model's {dim} {what}; valid TP sizes "
+            f"are {', '.join(map(str, valid))}{fit}"
+        ),
+        remedy=(
+            f"tp must divide attention heads: use --tp {nearest} (valid: "
+            f"{', '.join(map(str, valid))}), or pipeline parallel instead"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+ORDINAL = re.compile(r"CUDA error: invalid device ordinal")
+
+
+def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
+    """A rank asked for a device index beyond CUDA_VISIBLE_DEVICES (``--base-gpu-id`` is an
+    index into the visible devices, not a physical id)."""
+    hit = bundle.log.first(ORDINAL)
+    if hit is None:
+        return None
+    visible = str((bundle.facts.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "")
+    count = len([v for v in visible.split(",") if v.strip()]) if visible else None
+    base = bundle.count("base_gpu_id", default=0)
+    tp = bundle.tp()
+    numbers: dict[str, float] = {"base_gpu_id": base, "tp_size": tp}
+    summary = f"GPU index out of range: base_gpu_id {base} with tp {tp}"
+    remedy = "--base-gpu-id is an index into CUDA_VISIBLE_DEVICES; do not set both to physical ids"
+    if count:
+        highest = count - tp
+        numbers.update(visible_count=count, max_valid_base_gpu_id=highest)
+        summary += (
+            f", but CUDA_VISIBLE_DEVICES={visible} remaps the {count} visible GPUs to "
+            f"0..{count - 1}, so a rank asks for device {base + tp - 1} of {count}"
+        )
+        remedy += f": --base-gpu-id {max(highest, 0)} at most (base_gpu_id + tp*dp <= visible GPUs)"
+    return Diagnosis(
+        category="tp-gpu-mapping",
+        summary=summary,
+        remedy=remedy,
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+HF_MISSING = re.compile(
+    r"HFValidationError|Repo id must be in the form|is not a local folder and is not a valid "
+    r"model identifier|does not appear to have a file named config\.json"
+)
+
+
+WORKER_IP = re.compile(r"ip=(?P<ip>\d+\.\d+\.\d+\.\d+)\)")
+
+
+def model_not_found(bundle: Bundle) -> Diagnosis | None:
+    """The model path does not resolve where a rank runs: a local path missing there is taken
+    for a Hugging Face repo id (transformers ``utils/hub.py``, §6)."""
+    hit = bundle.log.first(HF_MISSING)
+    if hit is None:
+        return None
+    path = bundle.flag("model_path", "model", default=None)
+    if path is None:
+        command = list(bundle.facts.get("command") or [])
+        for flag in ("--model", "--model-path"):
+            if flag in command[:-1]:
+                path = command[command.index(flag) + 1]
+    nodes = int(bundle.facts.get("nodes_in_launch") or 1)
+    numbers: dict[str, float] = {"nodes": nodes}
+    where = ""
+    worker = bundle.log.first(WORKER_IP)
+    if nodes > 1:
+        gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
+        if gpus:
+            numbers["gpus_total"] = gpus * nodes
+        tp = bundle.flag("tp_size", "tensor_parallel_size")
+        command = list(bundle.facts.get("command") or [])
+        if tp is None and "--tensor-parallel-size" in command[:-1]:
+            tp = command[command.index("--tensor-parallel-size") + 1]
+        if str(tp).isdigit():
+            numbers["tensor_parallel_size"] = int(str(tp))
+        where = f" on the worker of a {nodes}-node launch ({numbers.get('gpus_total', '?')} GPUs"
+        where += f", tp {tp})" if tp is not None else ")"
+        if worker is not None:
+            where += f" at {worker[1]['ip']}"
+    return Diagnosis(
+        category="model-not-found",
+        summary=(
+            f"model path {path or '?'} does not resolve{where}; the missing local path was "
+            "taken for a Hugging Face repo id and failed validation"
+        ),
+        remedy=(
+            "use the same model path on every node (a shared filesystem, or copy/rsync the "
+            "weights to each node); check with test -f <path>/config.json on all nodes"
+        ),
+        evidence=[bundle.evidence(hit)] + ([bundle.evidence(worker)] if worker else []),
+        numbers=numbers,
+    )

@@ -1,0 +1,165 @@
+"""Rules for NCCL between the ranks: /dev/shm too small for its segments, a distributed init that
+hung."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, _when
+
+SHM_SEGMENT = re.compile(
+    r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)"
+)
+
+
+def nccl_shm(bundle: Bundle) -> Diagnosis | None:
+    """NCCL could not create its shared-memory segment: /dev/shm is too small (Docker's
+    default is 64 MB)."""
+    hit = bundle.log.first(SHM_SEGMENT)
+    if hit is None:
+        return None
+    segment = int(hit[1]["size"])
+    tp = bundle.tp()
+    numbers: dict[str, float] = {"tp_size": tp, "nccl_segment_bytes": segment}
+    size = ""
+    for snapshot in reversed(bundle.facts.get("snapshots") or []):
+        shm = snapshot.get("shm") or {}
+        if shm.get("size_bytes"):
+            numbers["shm_size_mb"] = round(shm["size_bytes"] / 2**20)
+            size = f" is only {numbers['shm_size_mb']:g} MB"
+            break
+    numbers["recommended_shm_gb"] = 16
+    return Diagnosis(
+        category="nccl-shm",
+        summary=(
+            f"/dev/shm{size}: NCCL cannot create its {segment / 1e6:.1f} MB ({segment} bytes) "
+            f"shared-memory segments between the {tp} TP ranks (16 GB recommended)"
+        ),
+        remedy=(
+            "give the container a larger /dev/shm: docker run --shm-size 16g (or --ipc=host); "
+            "in Kubernetes an emptyDir with medium: Memory and a sizeLimit mounted at /dev/shm"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+DIST_BEGIN = re.compile(r"Init torch distributed begin")
+
+
+# Progress past distributed init, or a Python error (then it is not a hang).
+DIST_PROGRESS_OR_ERROR = re.compile(
+    r"Init torch distributed ends|Load weight begin|Scheduler hit an exception|Traceback"
+)
+
+
+RANK_DIED = re.compile(
+    r"Rank (?P<rank>\d+) scheduler (?:died|is dead)(?:.*?exit code: (?P<code>-?\d+))?", re.I
+)
+
+
+EXIT_CODE = re.compile(r"Exit code: (?P<code>-?\d+)")
+
+
+NCCL_COMPLETE = re.compile(r"NCCL INFO .*Init COMPLETE|spans across nodes")
+
+
+def _fabric(bundle: Bundle) -> tuple[str, str, dict[str, str]] | None:
+    """The interface that reaches ``--dist-init-addr`` (node 0's ``host:port``, §1b) when it is
+    not the default-route one, whose address a process picks for itself unless told
+    (``SGLANG_HOST_IP``): (that interface, the address, the default-route interface)."""
+    addr = str(bundle.setting("dist_init_addr") or "").rsplit(":", 1)[0]
+    try:
+        target = ipaddress.ip_address(addr)
+    except ValueError:
+        return None
+    for snapshot in reversed(bundle.snapshots()):
+        interfaces = (snapshot.get("network") or {}).get("interfaces") or []
+        default = next((i for i in interfaces if i.get("default_route")), None)
+        for interface in interfaces:
+            try:
+                network = ipaddress.ip_interface(str(interface.get("ipv4"))).network
+            except ValueError:
+                continue
+            if target in network and default is not None and default is not interface:
+                return (
+                    str(interface.get("name")),
+                    addr,
+                    {
+                        "name": str(default.get("name")),
+                        "ipv4": str(default.get("ipv4")),
+                    },
+                )
+    return None
+
+
+def nccl_init_hang(bundle: Bundle) -> Diagnosis | None:
+    """Distributed init began but never ended (no ``Init torch distributed ends``, no ``Load
+    weight begin``, no Python error) and a rank was then found dead (``Rank N scheduler is
+    dead`` / ``died``, §4, §6): the ranks waited on each other until a watchdog or timeout
+    killed them. The wait is the time from the last prefixed line to the death."""
+    begins = bundle.log.find(DIST_BEGIN)
+    died = bundle.log.first(RANK_DIED)
+    if not begins or died is None or died[0] < begins[-1][0]:
+        return None
+    if any(begins[-1][0] < n < died[0] for n, _ in bundle.log.find(DIST_PROGRESS_OR_ERROR)):
+        return None
+    code = died[1]["code"]
+    if code is None:
+        after = [m for n, m in bundle.log.find(EXIT_CODE) if died[0] <= n <= died[0] + 2]
+        code = after[0]["code"] if after else None
+    nodes = bundle.count("nnodes", default=max(1, int(bundle.facts.get("nodes_in_launch") or 1)))
+    tp = bundle.tp()
+    numbers: dict[str, float] = {"nnodes": nodes, "tp_size": tp}
+    what = f"a {nodes}-node launch with TP {tp}" if nodes > 1 else f"TP {tp}"
+    evidence = [bundle.evidence(begins[-1])]
+    nccl = [h for h in bundle.log.find(NCCL_COMPLETE) if h[0] > begins[-1][0]]
+    done = ""
+    if nccl:
+        done = " after NCCL itself initialised"
+        evidence.append(bundle.evidence(nccl[-1]))
+    end = _when(bundle.log.lines[died[0] - 1])
+    last = next(
+        (t for t in map(_when, reversed(bundle.log.lines[: died[0] - 1])) if t is not None), None
+    )
+    waited = ""
+    if end is not None and last is not None:
+        numbers["hang_seconds_until_kill"] = int((end - last).total_seconds())
+        waited = f" for {numbers['hang_seconds_until_kill']:g} s"
+    killed = f" (exit code {code})" if code is not None else ""
+    if code is not None:
+        numbers["exit_code"] = int(code)
+    evidence.append(bundle.evidence(died))
+    summary = (
+        f"distributed init hung on {what}: 'Init torch distributed ends' never came{done}; the "
+        f"ranks waited{waited} until rank {died[1]['rank']} was killed{killed}"
+    )
+    env = bundle.facts.get("env") or {}
+    fabric = _fabric(bundle) if nodes > 1 else None
+    if fabric is not None:
+        name, addr, default = fabric
+        unset = "" if env.get("SGLANG_HOST_IP") else " (SGLANG_HOST_IP unset)"
+        summary += (
+            f"; --dist-init-addr {addr} is reached on {name}, but the default route is "
+            f"{default['name']} ({default['ipv4']}), the address SGLang advertises for its "
+            f"cross-node message queue{unset}"
+        )
+        remedy = (
+            "set SGLANG_HOST_IP to each node's fabric IP (set fabric IP per node: "
+            f"{addr} on {name} here), and NCCL_SOCKET_IFNAME={name} / GLOO_SOCKET_IFNAME={name} "
+            "on every node; the interface must be in the same subnet as dist-init-addr"
+        )
+    else:
+        remedy = (
+            "check that every node reaches --dist-init-addr on one interface: set "
+            "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME to it and SGLANG_HOST_IP to each node's "
+            "address on it (same subnet as dist-init-addr); NCCL_DEBUG=INFO shows where it stops"
+        )
+    return Diagnosis(
+        category="nccl-init-hang",
+        summary=summary,
+        remedy=remedy,
+        evidence=evidence,
+        numbers=numbers,
+    )

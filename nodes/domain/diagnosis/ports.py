@@ -1,0 +1,129 @@
+"""Rules for ports a launch could not get: SGLang waited for one, or a bind found it in use."""
+
+from __future__ import annotations
+
+import re
+
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence
+from nodes.domain.diagnosis.host_pools import _hicache_risk
+
+PORT_WAIT = re.compile(
+    r"(?P<name>\w+_port) at (?P<port>\d+) is not available in (?P<wait>\d+) seconds"
+)
+
+
+def _port_holder(
+    bundle: Bundle, port: int
+) -> tuple[str, dict[str, float], list[Evidence], list[str]]:
+    """Who holds ``port`` in the latest snapshot that says: the listener, else an SGLang
+    process; one re-parented to PID 1 is a leftover of an earlier launch."""
+    numbers: dict[str, float] = {}
+    holder, evidence, secondary = "", [], []
+    for snapshot in reversed(bundle.snapshots()):
+        owners = [p for p in snapshot.get("listening_ports") or [] if p.get("port") == port]
+        processes = {p.get("pid"): p for p in snapshot.get("processes") or []}
+        candidates = [o.get("pid") for o in owners] or [
+            pid for pid, p in processes.items() if "sglang" in str(p.get("cmdline", ""))
+        ]
+        if candidates and candidates[0] is not None:
+            pid = int(candidates[0])
+            process = processes.get(pid, {})
+            numbers["holder_pid"] = pid
+            holder = f" by PID {pid}"
+            if process:
+                holder += f" ({process.get('cmdline')}, PPID {process.get('ppid')}"
+                if process.get("elapsed_s"):
+                    holder += f", running {process['elapsed_s']} s"
+                holder += ")"
+                evidence.append(Evidence(f"PID {pid}: {process.get('cmdline')}", None, "snapshot"))
+                if process.get("ppid") == 1 and "sglang" in str(process.get("cmdline")):
+                    secondary = ["defunct-zombie-process"]
+                    holder += ", an SGLang process of an earlier launch left behind"
+            break
+    return holder, numbers, evidence, secondary
+
+
+def port_in_use(bundle: Bundle) -> Diagnosis | None:
+    """SGLang waited for a port it needs (``wait_port_available``, §6); the snapshot says who
+    holds it."""
+    hit = bundle.log.first(PORT_WAIT)
+    if hit is None:
+        return None
+    name, port, wait = hit[1]["name"], int(hit[1]["port"]), int(hit[1]["wait"])
+    holder, numbers, evidence, secondary = _port_holder(bundle, port)
+    numbers = {"port": port, "wait_seconds": wait, **numbers}
+    return Diagnosis(
+        category="port-in-use",
+        secondary_categories=secondary,
+        summary=(
+            f"port {port} ({name}) was still held{holder}; SGLang waited {wait} seconds for it"
+        ),
+        remedy=(
+            "kill the leftover sglang process holding the port (kill by process group: "
+            "kill -TERM -<pgid>, not by name), clean up before relaunch, or choose another port"
+        ),
+        evidence=[bundle.evidence(hit), *evidence],
+        numbers=numbers,
+    )
+
+
+BIND_IN_USE = re.compile(
+    r"ZMQError: Address already in use(?: \(addr='(?P<addr>[^']*?):(?P<port>\d+)'\))?|"
+    r"\[Errno 98\] (?:error while attempting to bind on address \('(?P<host>[^']*)', "
+    r"(?P<port2>\d+)\): )?[Aa]ddress already in use"
+)
+
+
+#: With DP attention on one node SGLang's ZMQ sockets are TCP from --port + 233 (§1b).
+ZMQ_TCP_PORT_DELTA = 233
+
+
+def port_bind_in_use(bundle: Bundle) -> Diagnosis | None:
+    """A bind failed with ``Address already in use``: a ZMQ socket of SGLang (its ports are
+    derived from ``--port``, §1b) or the HTTP server (uvicorn, §6). Co-located servers whose
+    ``--port`` values are close claim overlapping derived blocks."""
+    hit = bundle.log.first(BIND_IN_USE)
+    if hit is None:
+        return None
+    match = hit[1]
+    where = match["addr"] or match["host"]
+    port = int(match["port"] or match["port2"] or 0)
+    base = bundle.setting("port")
+    numbers: dict[str, float] = {"colliding_port": port} if port else {}
+    what = f"{'ZMQ' if 'ZMQ' in match[0] else 'HTTP'} bind to {where or '?'}:{port or '?'}"
+    derived = ""
+    if port and isinstance(base, int) and 0 < port - base < 1000:
+        numbers.update(port=base, offset_from_port=port - base)
+        derived = (
+            f"; {port} = --port {base} + {port - base}, inside the block SGLang derives from "
+            f"--port (ZMQ/NCCL/metrics ports; TCP from --port + {ZMQ_TCP_PORT_DELTA} with DP "
+            "attention), which a co-located server with a nearby --port overlaps"
+        )
+    holder, held, evidence, secondary = _port_holder(bundle, port) if port else ("", {}, [], [])
+    numbers.update(held)
+    behind = ""
+    risk = _hicache_risk(bundle)
+    if risk is not None:
+        text, figures, pool_lines = risk
+        numbers.update(figures)
+        secondary = secondary + ["host-oom-hicache"]
+        behind = f"; behind it, {text}"
+        evidence += pool_lines
+    hicache = ""
+    if risk is not None:
+        hicache = (
+            "; set --hicache-size to an absolute GB per rank (it overrides --hicache-ratio) so the "
+            "pinned host pools of all co-located servers fit the host"
+        )
+    spaced = f" (e.g. ports {base}/{base + 1000})" if isinstance(base, int) else ""
+    return Diagnosis(
+        category="port-in-use",
+        secondary_categories=secondary,
+        summary=f"{what} failed: address already in use{holder}{derived}{behind}",
+        remedy=(
+            f"space --port of co-located servers at least 1000 apart{spaced} and give each its "
+            f"own kv-events/metrics ports, or stop the process holding the port{hicache}"
+        ),
+        evidence=[bundle.evidence(hit), *evidence],
+        numbers=numbers,
+    )
