@@ -490,3 +490,29 @@ def test_a_watchdog_before_ready_is_not_a_runtime_failure():
         "Timeout(ms)=600000) ran for 600012 milliseconds before timing out.\n"
     )
     assert diagnose(log, {}, {}).category != "health-check-failure"
+
+
+def test_a_new_one_line_signature_is_one_entry_of_data():
+    from nodes.domain.diagnosis.evidence import Bundle, Log
+    from nodes.domain.diagnosis.signatures import Signature
+
+    disk = Signature(
+        "model-not-found",
+        re.compile(r"No such file or directory: '(?P<path>[^']+)/config\.json'"),
+        summary="model config missing at {path}",
+        remedy="copy the weights to {path} on the node",
+    )
+    log = "x\nFileNotFoundError: [Errno 2] No such file or directory: '/srv/m/config.json'\n"
+    found = disk(Bundle(Log(log), {}, {}))
+    assert found is not None and found.summary == "model config missing at /srv/m"
+    assert found.evidence[0].line == 2 and "/srv/m" in found.remedy
+    assert disk(Bundle(Log("all fine"), {}, {})) is None
+
+
+def test_the_trust_remote_code_signature_from_the_table():
+    log = (
+        "ValueError: The repository for /srv/models/x contains custom code which must be executed "
+        "to correctly load the model.\n"
+    )
+    found = diagnose(log, {}, {})
+    assert found.category == "trust-remote-code" and "--trust-remote-code" in found.remedy

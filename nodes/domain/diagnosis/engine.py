@@ -29,11 +29,11 @@ from nodes.domain.diagnosis.launch_settings import (
     model_not_found,
     tp_divisibility,
     tp_gpu_mapping,
-    trust_remote_code,
 )
 from nodes.domain.diagnosis.nccl import nccl_init_hang, nccl_shm
 from nodes.domain.diagnosis.ports import port_bind_in_use, port_in_use
 from nodes.domain.diagnosis.runtime import served_then_failed
+from nodes.domain.diagnosis.signatures import SIGNATURES
 from nodes.domain.diagnosis.startup import health_check_failure, startup_timeout
 from nodes.domain.diagnosis.vllm import kv_cache_too_small, vllm_gpu_occupied
 
@@ -49,7 +49,7 @@ RULES: Sequence[Rule] = (
     startup_timeout,
     nccl_init_hang,
     nccl_shm,
-    trust_remote_code,
+    *SIGNATURES,
     tp_divisibility,
     tp_gpu_mapping,
     host_precheck,

@@ -1,6 +1,5 @@
-"""Rules for a command that does not fit the model or the node: custom code without
---trust-remote-code, a TP size that does not divide the heads or exceeds the visible GPUs, a model
-path that does not resolve."""
+"""Rules for a command that does not fit the model or the node: a TP size that does not divide
+the heads or exceeds the visible GPUs, a model path that does not resolve."""
 
 from __future__ import annotations
 
@@ -8,31 +7,6 @@ import math
 import re
 
 from nodes.domain.diagnosis.evidence import Bundle, Diagnosis
-
-REMOTE_CODE = re.compile(
-    r"requires you to execute the configuration file in that repo|"
-    r"contains custom code which must be executed"
-)
-
-
-def trust_remote_code(bundle: Bundle) -> Diagnosis | None:
-    """transformers refuses a model that ships its own code without --trust-remote-code (§6)."""
-    hit = bundle.log.first(REMOTE_CODE)
-    if hit is None:
-        return None
-    return Diagnosis(
-        category="trust-remote-code",
-        summary=(
-            "the model ships custom config/model code (auto_map in config.json) and the launch "
-            "did not pass --trust-remote-code"
-        ),
-        remedy=(
-            "review the repo's code, then add --trust-remote-code (and pin the model revision "
-            "you reviewed)"
-        ),
-        evidence=[bundle.evidence(hit)],
-    )
-
 
 NOT_DIVISIBLE = re.compile(
     r"AssertionError: (?P<dim>\d+) is not divisible by (?P<tp>\d+)|Total number of attention "
