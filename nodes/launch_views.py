@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import gzip
 import json
+import re
 import shlex
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -41,7 +42,7 @@ from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain import remedy, timeline
 from nodes.domain.bundle import BundleError
 from nodes.domain.logparse import PHASES, Progress, phase_label
-from nodes.domain.redact import redact_args
+from nodes.domain.redact import mask_assignments, redact_args
 from nodes.launch_forms import BundleUploadForm, LaunchForm
 from nodes.models import Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.roles import has_role, role_required
@@ -59,8 +60,10 @@ BATCH = 1000
 def launch_list(request: HtmxHttpRequest) -> HttpResponse:
     rows = Launch.objects.select_related("node", "revision__profile")
     status = request.GET.get("status", "")
-    node = request.GET.get("node", "")
+    node = _filter_value(request.GET.get("node", ""))
     category = request.GET.get("category", "")
+    if not re.fullmatch(r"[a-z][a-z-]{0,39}", category):
+        category = ""
     if status in LaunchStatus.values:
         rows = rows.filter(status=status)
     if node:
@@ -82,6 +85,11 @@ def launch_list(request: HtmxHttpRequest) -> HttpResponse:
         "query": urlencode({k: v for k, v in request.GET.items() if k != "page"}),
     }
     return render(request, "nodes/launch_list.html", context)
+
+
+def _filter_value(text: str) -> str:
+    """A filter value the database can compare (PostgreSQL refuses NUL in text), else none."""
+    return text if "\x00" not in text and len(text) <= 200 else ""
 
 
 @require_http_methods(["GET", "POST"])
@@ -137,6 +145,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
     launch failed, the phase bar (frozen where a failed launch stopped), checks, the memory
     timeline, the estimate beside the server's figures."""
     progress = Progress.from_json(launch.progress)
+    diagnosis = diagnoses.stored(launch)
     reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
     phases = [
         {"key": key, "label": label, "done": i < reached, "current": i == reached}
@@ -174,8 +183,8 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "settled": launch.status in LAUNCH_ENDED
         and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete)),
         "stoppable": launch.status not in LAUNCH_ENDED,
-        "diagnosis": launch.diagnosis,
-        "fix": remedy.describe((launch.diagnosis or {}).get("changes") or {}),
+        "diagnosis": diagnosis,
+        "fix": remedy.describe(diagnosis["changes"]) if diagnosis else "",
         "charts": timeline.charts(
             launch.memory_timeline or [],
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
@@ -191,7 +200,7 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         return render(request, "nodes/launch_detail.html#state", _state_context(launch))
     lines = list(launch.lines.order_by("-seq").values_list("seq", "text")[:LINES_SHOWN])[::-1]
     state = _state_context(launch)
-    evidence = {e["line"] for e in (launch.diagnosis or {}).get("evidence", []) if e.get("line")}
+    evidence = {e["line"] for e in (state["diagnosis"] or {}).get("evidence", []) if e["line"]}
     context = {
         **state,
         "lines": lines,
@@ -287,14 +296,18 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     the launch's node, then open the launch form with it."""
     launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
     try:
-        revision = diagnoses.apply_fix(launch, actor=request.user, request=request)
+        revision, created = diagnoses.apply_fix(launch, actor=request.user, request=request)
     except diagnoses.FixError as exc:
         messages.error(request, str(exc))
         return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
-    messages.success(
-        request,
-        f"Saved {revision} ({revision.message}); budget on {launch.node.name}: {revision.verdict}.",
-    )
+    if created:
+        messages.success(
+            request,
+            f"Saved {revision} ({revision.message}); budget on {launch.node.name}: "
+            f"{revision.verdict}.",
+        )
+    else:
+        messages.info(request, f"The fix is already saved as {revision} ({revision.message}).")
     query = urlencode(
         {
             ("adhoc_revision" if launch.adhoc else "revision"): revision.pk,
@@ -321,12 +334,18 @@ def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponse:
             form.add_error("bundle", str(exc))
         else:
             found = diagnoses.diagnose_bundle(text, facts)
-            lines = text.splitlines()
+            lines = [mask_assignments(line) for line in text.splitlines()]
             context.update(
                 diagnosis=found.to_json(),
+                summary=mask_assignments(found.summary),
                 name=upload.name,
                 excerpts=[
-                    (e.line, lines[e.line - 1] if e.line and e.line <= len(lines) else e.text)
+                    (
+                        e.line,
+                        lines[e.line - 1]
+                        if e.line and e.line <= len(lines)
+                        else mask_assignments(e.text),
+                    )
                     for e in found.evidence
                 ],
                 line_count=len(lines),

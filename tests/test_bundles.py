@@ -122,7 +122,11 @@ def make_archive(path: Path, files: dict[str, bytes]) -> Path:
             {"launch.log": b"", "facts.json": json.dumps({"format": "other/9"}).encode()},
             "not rankwise-case/1",
         ),
-        ({"../../etc/launch.log": b"x", "/abs/facts.json": b"{}"}, "not rankwise-case/1"),
+        ({"../../etc/launch.log": b"x", "/abs/facts.json": b"{}"}, "in the same folder"),
+        ({"a/launch.log": b"", "a/facts.json": b"{}", "b/launch.log": b""}, "more than one"),
+        ({"launch.log": b"", "facts.json": b"[" * 100_000}, "nested too deeply"),
+        ({"launch.log": b"", "facts.json": b'{"format": NaN}'}, "NaN is not a number"),
+        ({f"junk/{i}": b"" for i in range(1001)}, "more than 1000 entries"),
     ],
 )
 def test_what_is_not_a_bundle_is_refused_with_the_reason(tmp_path, files, message):

@@ -191,7 +191,7 @@ def test_an_uploaded_bundle_from_another_server_is_diagnosed(viewer_client):
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"not an archive", "neither a bundle folder nor a tar archive"),
+        (b"not an archive", "x.tar.gz is not a tar archive: not a .tar, .tar.gz"),
         (b"", "The submitted file is empty"),
     ],
 )
@@ -200,3 +200,59 @@ def test_an_upload_that_is_no_bundle_is_refused_with_the_reason(viewer_client, c
     upload.name = "x.tar.gz"
     response = viewer_client.post(reverse("nodes:bundle-diagnose"), {"bundle": upload})
     assert response.status_code == 200 and message in response.content.decode()
+
+
+def test_a_second_click_does_not_save_the_fix_twice(operator_client, incident):
+    url = reverse("nodes:launch-apply-fix", args=[incident.pk])
+    operator_client.post(url)
+    again = operator_client.post(url, follow=True).content.decode()
+    assert "already saved as kimi@2" in again
+    assert ProfileRevision.objects.filter(profile__name="kimi").count() == 2
+
+
+def test_only_a_failed_launch_with_a_diagnosis_can_be_fixed(operator_client, incident):
+    Launch.objects.filter(pk=incident.pk).update(status=LaunchStatus.STOPPED)
+    url = reverse("nodes:launch-apply-fix", args=[incident.pk])
+    assert "did not fail (stopped)" in operator_client.post(url, follow=True).content.decode()
+    Launch.objects.filter(pk=incident.pk).update(status=LaunchStatus.FAILED, diagnosis=None)
+    assert "has no diagnosis yet" in operator_client.post(url, follow=True).content.decode()
+    assert ProfileRevision.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        ["not", "an", "object"],
+        {"category": "host-oom-hicache", "changes": ["--hicache-size"], "evidence": "abc"},
+        {"category": "host-oom-hicache", "changes": {"--no-such-flag": 3}, "evidence": [None]},
+    ],
+)
+def test_a_damaged_stored_diagnosis_degrades_instead_of_failing(operator_client, incident, stored):
+    Launch.objects.filter(pk=incident.pk).update(diagnosis=stored)
+    page = operator_client.get(reverse("nodes:launch-detail", args=[incident.pk]))
+    assert page.status_code == 200
+    applied = operator_client.post(
+        reverse("nodes:launch-apply-fix", args=[incident.pk]), follow=True
+    )
+    assert applied.status_code == 200 and ProfileRevision.objects.count() == 1
+
+
+def test_list_filters_that_no_database_can_compare_are_ignored(viewer_client, incident):
+    url = reverse("nodes:launch-list")
+    for query in ({"node": "\x00"}, {"category": "\x00abc"}, {"category": "x" * 500}):
+        response = viewer_client.get(url, query)
+        assert response.status_code == 200 and f"#{incident.pk}<" in response.content.decode()
+
+
+def test_an_uploaded_bundle_shows_no_secret_its_log_spells_out(viewer_client, tmp_path):
+    case = tmp_path / "secret"
+    case.mkdir()
+    (case / "launch.log").write_text(
+        "HF_TOKEN=hf_topsecret python3 -m sglang.launch_server --api-key sk-topsecret\n"
+        "ValueError: The repository for /m contains custom code which must be executed\n"
+    )
+    (case / "facts.json").write_text('{"format": "rankwise-case/1"}')
+    page = viewer_client.post(
+        reverse("nodes:bundle-diagnose"), {"bundle": archive_of(case)}
+    ).content.decode()
+    assert "trust-remote-code" in page and "topsecret" not in page

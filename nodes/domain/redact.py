@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
 SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "API_KEY", "ACCESS_KEY")
 FLAG_WORDS = ("key", "password", "token", "secret", "passwd")
@@ -63,3 +65,20 @@ def mask_text(text: str, secrets: list[str]) -> str:
         if secret in text:
             text = text.replace(secret, MASK)
     return text
+
+
+_SECRET_ASSIGNMENT = re.compile(
+    r"(?P<name>\b[A-Za-z_]*(?:" + "|".join(SECRET_WORDS) + r")[A-Za-z_]*)=(?P<value>[^\s'\",);]+)"
+)
+_SECRET_OPTION = re.compile(
+    r"(?P<name>--[A-Za-z-]*(?:" + "|".join(FLAG_WORDS) + r")[A-Za-z-]*)(?P<sep>[= ]+)"
+    r"(?P<value>[^\s'\",);]+)",
+    re.IGNORECASE,
+)
+
+
+def mask_assignments(text: str) -> str:
+    """Secrets a log line spells out without the panel knowing their values (a bundle from
+    another server): ``HF_TOKEN=…`` and ``--api-key …`` values masked."""
+    text = _SECRET_ASSIGNMENT.sub(lambda m: f"{m['name']}={MASK}", text)
+    return _SECRET_OPTION.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)

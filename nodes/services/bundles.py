@@ -6,10 +6,12 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import lzma
 import tarfile
 import time
+import zlib
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from nodes.domain.bundle import (
@@ -24,7 +26,10 @@ from nodes.models import Launch
 from nodes.services import launches
 
 MAX_LOG_BYTES = 256 * 2**20
+MAX_UPLOAD_LOG_BYTES = 64 * 2**20
 MAX_FACTS_BYTES = 16 * 2**20
+MAX_MEMBERS = 1000
+MAX_ARCHIVE_BYTES = 512 * 2**20
 
 
 def launch_log_text(launch: Launch) -> str:
@@ -99,38 +104,61 @@ def read_bundle(path: str | Path) -> tuple[str, dict[str, object]]:
     path = Path(path)
     if path.is_dir():
         return _read(lambda name: _file(path / name))
-    return _read_archive(path.name, lambda: tarfile.open(path, mode="r:*"))
+    if not path.is_file():
+        raise BundleError(f"{path}: no such folder or file")
+    return _read_archive(
+        path.name, lambda: tarfile.open(path, mode="r:*"), "neither a bundle folder nor "
+    )
 
 
 def read_bundle_file(upload: IO[bytes] | Any) -> tuple[str, dict[str, object]]:
-    """(launch.log text, facts) from an uploaded archive (a file object with ``name``);
-    raises ``BundleError``."""
+    """(launch.log text, facts) from an uploaded archive (a file object with ``name``); its log
+    may be at most ``MAX_UPLOAD_LOG_BYTES``. Raises ``BundleError``."""
     name = str(getattr(upload, "name", "bundle"))
-    return _read_archive(name, lambda: tarfile.open(fileobj=upload, mode="r:*"))
+    return _read_archive(
+        name, lambda: tarfile.open(fileobj=upload, mode="r:*"), "not ", MAX_UPLOAD_LOG_BYTES
+    )
 
 
 def _read_archive(
-    name: str, open_archive: Callable[[], tarfile.TarFile]
+    name: str,
+    open_archive: Callable[[], tarfile.TarFile],
+    what: str,
+    max_log: int = MAX_LOG_BYTES,
 ) -> tuple[str, dict[str, object]]:
+    """The two files of the one bundle folder in an archive, read as the archive streams by:
+    at most ``MAX_MEMBERS`` entries and ``MAX_ARCHIVE_BYTES`` expanded, one of each file."""
+    found: dict[str, tuple[str, bytes]] = {}
     try:
         with open_archive() as archive:
-            members = {
-                Path(m.name).name: m for m in archive.getmembers() if m.isfile() and m.size >= 0
-            }
-
-            def member(name: str) -> bytes | None:
-                found = members.get(name)
-                if found is None:
-                    return None
-                limit = MAX_LOG_BYTES if name == "launch.log" else MAX_FACTS_BYTES
-                if found.size > limit:
-                    raise BundleError(f"{name} is larger than {limit // 2**20} MiB")
-                handle = archive.extractfile(found)
-                return handle.read() if handle else None
-
-            return _read(member)
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise BundleError(f"{name} is neither a bundle folder nor a tar archive: {exc}") from None
+            expanded = 0
+            for count, member in enumerate(iter(archive.next, None), 1):
+                expanded += max(member.size, 0)
+                if count > MAX_MEMBERS or expanded > MAX_ARCHIVE_BYTES:
+                    raise BundleError(
+                        f"{name} holds more than {MAX_MEMBERS} entries or "
+                        f"{MAX_ARCHIVE_BYTES // 2**20} MiB: not a bundle"
+                    )
+                base = PurePosixPath(member.name).name
+                if not member.isfile() or base not in ("launch.log", "facts.json"):
+                    continue
+                if base in found:
+                    raise BundleError(f"{name} holds more than one {base}: one bundle at a time")
+                limit = max_log if base == "launch.log" else MAX_FACTS_BYTES
+                if member.size > limit:
+                    raise BundleError(f"{base} is larger than {limit // 2**20} MiB")
+                handle = archive.extractfile(member)
+                folder = str(PurePosixPath(member.name).parent)
+                found[base] = (folder, handle.read() if handle else b"")
+    except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if isinstance(exc, tarfile.ReadError) and "could not be opened" in str(exc):
+            reason = "not a .tar, .tar.gz, .tar.bz2 or .tar.xz file"
+        raise BundleError(f"{name} is {what}a tar archive: {reason}") from None
+    folders = {folder for folder, _ in found.values()}
+    if len(folders) > 1:
+        raise BundleError(f"{name}: launch.log and facts.json must be in the same folder")
+    return _read(lambda base: found[base][1] if base in found else None)
 
 
 def _file(path: Path) -> bytes | None:
@@ -147,7 +175,12 @@ def _read(get: Callable[[str], bytes | None]) -> tuple[str, dict[str, object]]:
     if log is None or facts is None:
         raise BundleError("a bundle needs launch.log and facts.json")
     try:
-        doc = json.loads(facts)
-    except ValueError as exc:
-        raise BundleError(f"facts.json is not JSON: {exc}") from None
+        doc = json.loads(facts, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        raise BundleError(f"facts.json is not JSON: {reason}") from None
     return log.decode(errors="replace"), check_facts(doc)
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not a number JSON allows")

@@ -7,12 +7,14 @@ profile revision, re-validated by the budget engine before it is saved.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest
 
+from nodes.choices import LaunchStatus
 from nodes.domain import remedy
 from nodes.domain.budget import BudgetReport
 from nodes.domain.diagnosis import Diagnosis, diagnose
@@ -33,8 +35,13 @@ def diagnose_bundle(log_text: str, facts: dict[str, Any]) -> Diagnosis:
         argv, _ = split_command([str(w) for w in command] if isinstance(command, list) else [])
     except ValueError:
         argv = []
-    version = str(facts.get("engine_version") or DEFAULT_VERSION)
+    version = facts.get("engine_version")
+    if not (isinstance(version, str) and VERSION.fullmatch(version)):
+        version = DEFAULT_VERSION  # an engine version we cannot read: parse as the default does
     return diagnose(log_text, facts, parse_command(argv, table(version)).values)
+
+
+VERSION = re.compile(r"\d{1,4}(?:\.\d{1,6}){0,3}(?:[.+-]?[A-Za-z][A-Za-z0-9]{0,15}){0,3}")
 
 
 def diagnose_launch(launch_id: int) -> Diagnosis | None:
@@ -82,38 +89,76 @@ class FixError(ValueError):
     """The fix cannot be applied: no flag change suggested, or the budget blocks it."""
 
 
-def suggested_fix(launch: Launch) -> Fix | None:
-    """The fix of ``launch``'s stored diagnosis checked against its node now, or ``None``."""
-    changes = (launch.diagnosis or {}).get("changes") or {}
-    if not changes:
+def stored(launch: Launch) -> dict[str, Any] | None:
+    """The launch's stored diagnosis in the shape pages read (``category``, ``summary``,
+    ``remedy``: text; ``secondary_categories``: texts; ``evidence``: ``{"text", "line",
+    "source"}``; ``numbers``, ``changes``: objects), or ``None`` when it has none usable."""
+    doc = launch.diagnosis
+    if not isinstance(doc, dict) or not isinstance(doc.get("category"), str):
         return None
+    evidence: list[Any] = doc["evidence"] if isinstance(doc.get("evidence"), list) else []
+    return {
+        "category": doc["category"],
+        "secondary_categories": [
+            str(c) for c in doc.get("secondary_categories") or [] if isinstance(c, str)
+        ],
+        "summary": str(doc.get("summary") or ""),
+        "remedy": str(doc.get("remedy") or ""),
+        "evidence": [
+            {
+                "text": str(e.get("text") or ""),
+                "line": e["line"] if isinstance(e.get("line"), int) else None,
+                "source": str(e.get("source") or "log"),
+            }
+            for e in evidence
+            if isinstance(e, dict)
+        ],
+        "numbers": doc["numbers"] if isinstance(doc.get("numbers"), dict) else {},
+        "changes": doc["changes"] if isinstance(doc.get("changes"), dict) else {},
+    }
+
+
+def suggested_fix(launch: Launch) -> Fix:
+    """The fix of ``launch``'s stored diagnosis, checked against its node now. Raises
+    ``FixError`` when the launch did not fail, has no diagnosis or it suggests no flag change."""
+    if launch.status != LaunchStatus.FAILED:
+        raise FixError(f"launch #{launch.pk} did not fail ({launch.status}); nothing to fix")
+    doc = stored(launch)
+    if doc is None:
+        raise FixError(f"launch #{launch.pk} has no diagnosis yet")
+    if not doc["changes"]:
+        raise FixError("this diagnosis suggests no flag change; see its remedy")
     version = table(launch.node.sglang_version or DEFAULT_VERSION)
     try:
-        args = remedy.with_changes(list(launch.revision.args), changes, version)
-    except ValueError:
-        return None
-    return Fix(changes, args, _evaluate(launch, args))
+        args = remedy.with_changes(list(launch.revision.args), doc["changes"], version)
+    except ValueError as exc:
+        raise FixError(f"the suggested change cannot be applied: {exc}") from None
+    return Fix(doc["changes"], args, _evaluate(launch, args))
 
 
 def apply_fix(
     launch: Launch, *, actor: Actor, request: HttpRequest | None = None
-) -> ProfileRevision:
+) -> tuple[ProfileRevision, bool]:
     """Save the suggested fix as the profile's next revision (on the launch's node), after
-    re-validating it. Raises ``FixError`` when there is nothing to apply or the budget blocks."""
+    re-validating it; ``(revision, True)``. When the profile's latest revision already is the
+    fix (a second click), ``(that revision, False)``. Raises ``FixError`` when there is nothing
+    to apply or the budget blocks it."""
     fix = suggested_fix(launch)
-    if fix is None:
-        raise FixError("this diagnosis suggests no flag change; see its remedy")
     if fix.report.verdict == "block":
         blocks = "; ".join(m.text for m in fix.report.messages if m.level == "block")
         raise FixError(f"the suggested change is still blocked on {launch.node.name}: {blocks}")
+    env = dict(launch.revision.env or {})
+    latest = launch.revision.profile.latest()
+    if latest is not None and list(latest.args) == fix.args and dict(latest.env or {}) == env:
+        return latest, False
     node = launch.node
     flags = parse_command(fix.args, table(node.sglang_version or DEFAULT_VERSION))
     model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
-    category = (launch.diagnosis or {}).get("category", "")
-    return profiles.save_revision(
+    category = (stored(launch) or {}).get("category") or "diagnosis"
+    revision = profiles.save_revision(
         profile_name=launch.revision.profile.name,
         args=fix.args,
-        env=dict(launch.revision.env or {}),
+        env=env,
         message=f"Fix from launch #{launch.pk} ({category}): {fix.text}",
         node=node,
         report=fix.report,
@@ -121,3 +166,4 @@ def apply_fix(
         actor=actor,
         request=request,
     )
+    return revision, True

@@ -516,3 +516,43 @@ def test_the_trust_remote_code_signature_from_the_table():
     )
     found = diagnose(log, {}, {})
     assert found.category == "trust-remote-code" and "--trust-remote-code" in found.remedy
+
+
+@pytest.mark.parametrize(
+    ("pattern", "needle"),
+    [
+        (r"Load weight end\..*?avail mem=(?P<a>[\d.]+)", ("Load weight end.",)),
+        (r"\(?(?P<pid>\d+)\)? - No such process", (" - No such process",)),
+        (r"[\]abcdef]+ tail", (" tail",)),
+        (r"abcdx? more", (" more",)),
+        (r"one thing|another (?:a|b) thing", ("one thing", "another ")),
+        (r"one thing|x\d", None),
+        (r"(?:TP rank (?P<r>\d+) )?could finish", ("could finish",)),
+    ],
+)
+def test_the_literal_a_pattern_needs_is_read_from_its_source(pattern, needle):
+    from nodes.domain.diagnosis.evidence import needles_of
+
+    assert needles_of(re.compile(pattern)) == needle
+
+
+def test_every_rule_pattern_finds_what_it_found_without_the_literal_shortcut():
+    """The shortcut only skips lines that cannot match: on every corpus log, each pattern finds
+    the same lines as a plain search of every line."""
+    import importlib
+    import pkgutil
+
+    import nodes.domain.diagnosis as package
+    from nodes.domain.diagnosis.evidence import Log
+
+    patterns = [
+        value
+        for info in pkgutil.iter_modules(package.__path__)
+        for value in vars(importlib.import_module(f"{package.__name__}.{info.name}")).values()
+        if isinstance(value, re.Pattern)
+    ]
+    for case in sorted(p for p in CASES.iterdir() if p.is_dir()):
+        log = Log((case / "launch.log").read_text())
+        for pattern in patterns:
+            plain = [n for n, line in enumerate(log.lines, 1) if pattern.search(line)]
+            assert [n for n, _ in log.find(pattern)] == plain, (case.name, pattern.pattern)

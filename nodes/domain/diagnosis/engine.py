@@ -94,7 +94,8 @@ def _clean(value: Any, key: str = "") -> Any:
     (``None``, ``{}``, ``[]``), so no rule has to guard against it."""
     if key in NUMBERS:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
-        return value if ok and math.isfinite(value) else None
+        # Beyond 10^18 no memory size, PID or port is real; it would only overflow floats.
+        return value if ok and abs(value) < 1e18 and math.isfinite(value) else None
     if key in TEXTS:
         return value if isinstance(value, str) else None
     if key in RECORD_LISTS:
@@ -124,7 +125,12 @@ def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) 
         dict(flags) if isinstance(flags, Mapping) else {},
     )
     for rule in RULES:
-        found = rule(bundle)
+        try:
+            found = rule(bundle)
+        except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError):
+            # Evidence a rule cannot read (a number it cannot parse, a shape it does not know)
+            # is no evidence for it: the next rule, and in the end ``unknown``, answer instead.
+            continue
         if found is not None:
             return found
     return Diagnosis(

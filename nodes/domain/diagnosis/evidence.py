@@ -4,6 +4,7 @@ the evidence and the diagnosis; with the log formats and number helpers every ru
 from __future__ import annotations
 
 import ast
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -41,20 +42,42 @@ class Diagnosis:
             "summary": self.summary,
             "evidence": [asdict(e) for e in self.evidence],
             "remedy": self.remedy,
-            "numbers": dict(self.numbers),
+            # A figure no JSON reader takes (an absurd number in the log) is left out.
+            "numbers": {
+                k: v
+                for k, v in self.numbers.items()
+                if not (isinstance(v, float) and not math.isfinite(v))
+            },
         }
 
 
 class Log:
     """The launch log, searchable by pattern, with 1-based line numbers."""
 
+    #: Longer lines are cut: no message a rule reads is longer, and regexes stay linear.
+    MAX_LINE = 4096
+
     def __init__(self, text: str) -> None:
-        self.lines = text.splitlines()
+        self.lines = [line[: self.MAX_LINE] for line in text.splitlines()]
+        self._text = "\n".join(self.lines)
+        self._found: dict[re.Pattern[str], list[tuple[int, re.Match[str]]]] = {}
 
     def find(self, pattern: str | re.Pattern[str]) -> list[tuple[int, re.Match[str]]]:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
+        if regex not in self._found:
+            self._found[regex] = self._search(regex)
+        return self._found[regex]
+
+    def _search(self, regex: re.Pattern[str]) -> list[tuple[int, re.Match[str]]]:
+        # Most signatures are absent from most logs: a literal every match must contain is
+        # looked for first (a substring search, far faster than the regex on a long log).
+        needles = needles_of(regex)
+        if needles is not None and not any(n in self._text for n in needles):
+            return []
         found = []
         for number, line in enumerate(self.lines, 1):
+            if needles is not None and not any(n in line for n in needles):
+                continue
             match = regex.search(line)
             if match:
                 found.append((number, match))
@@ -63,6 +86,81 @@ class Log:
     def first(self, pattern: str | re.Pattern[str]) -> tuple[int, re.Match[str]] | None:
         hits = self.find(pattern)
         return hits[0] if hits else None
+
+
+SPECIAL = set(".^$*+?{}[]()|\\")
+QUANTIFIERS = ("*", "?", "{")
+ESCAPED_LITERALS = set(".^$*+?{}[]()|\\-/:'\" #%,;=<>!@&~`")
+
+
+@functools.cache
+def needles_of(regex: re.Pattern[str]) -> tuple[str, ...] | None:
+    """Literal text every match of ``regex`` contains, read from its source: for each branch of
+    a top-level ``|``, its longest run of literal characters (4 or more) outside groups and
+    classes and not made optional by a quantifier. A match contains one of them; ``None`` when
+    some branch has no such run."""
+    if regex.flags & (re.IGNORECASE | re.VERBOSE):
+        return None
+    found = []
+    for branch in _branches(regex.pattern):
+        runs, run, depth, i = [], "", 0, 0
+        while i < len(branch):
+            char, literal = branch[i], None
+            if char == "\\" and i + 1 < len(branch):
+                literal = branch[i + 1] if branch[i + 1] in ESCAPED_LITERALS and not depth else None
+                i += 2
+            elif char == "[":
+                i = _class_end(branch, i)
+            else:
+                depth += {"(": 1, ")": -1}.get(char, 0)
+                literal = char if char not in SPECIAL and not depth else None
+                i += 1
+            if literal is not None and branch[i : i + 1] not in QUANTIFIERS:
+                run += literal
+                continue
+            runs.append(run)
+            run = ""
+        best = max([*runs, run], key=len)
+        if len(best) < 4:
+            return None
+        found.append(best)
+    return tuple(found)
+
+
+def _branches(source: str) -> list[str]:
+    """``source`` split at its top-level ``|`` (not inside groups or classes, not escaped)."""
+    parts, start, depth, i = [], 0, 0, 0
+    while i < len(source):
+        char = source[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "[":
+            i = _class_end(source, i)
+            continue
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "|" and not depth:
+            parts.append(source[start:i])
+            start = i + 1
+        i += 1
+    return [*parts, source[start:]]
+
+
+def _class_end(source: str, start: int) -> int:
+    """The index after the ``]`` that closes the character class opened at ``start``."""
+    i = start + 1
+    if source[i : i + 1] == "^":
+        i += 1
+    if source[i : i + 1] == "]":
+        i += 1  # a ``]`` first in a class is a member
+    while i < len(source):
+        if source[i] == "\\":
+            i += 2
+        elif source[i] == "]":
+            return i + 1
+        else:
+            i += 1
+    return len(source)
 
 
 @dataclass

@@ -15,9 +15,11 @@ HOST_RESERVE_GB = 10 * GiB / 1e9
 
 
 HOST_POOL = re.compile(
-    r"(?:\[[^\]]*?(?P<rank>(?:DP\d+_)?TP\d+)[^\]]*\] )?.*?(?:Allocating (?P<old>[\d.]+) GB host "
-    r"memory for hierarchical KV cache|hierarchical KV host pool: \d+ tokens, (?P<new>[\d.]+) GB)"
+    r"Allocating (?P<old>\d+(?:\.\d+)?) GB host memory for hierarchical KV cache|"
+    r"hierarchical KV host pool: \d+ tokens, (?P<new>\d+(?:\.\d+)?) GB"
 )
+# The rank in SGLang's log prefix, ``[… DP0 TP3 …]`` or ``[… DP0_TP3 …]``.
+PREFIX_RANK = re.compile(r"^\[[^\]]*?\b(?P<rank>(?:DP\d+[_ ])?TP\d+)\b")
 
 
 def _available_before(bundle: Bundle) -> float | None:
@@ -60,7 +62,8 @@ def _host_pools(bundle: Bundle) -> HostPools | None:
         return None
     per_rank: dict[str, list[float]] = {}
     for number, match in hits:
-        rank = match["rank"] or f"line{number}"
+        tag = PREFIX_RANK.search(bundle.log.lines[number - 1])
+        rank = tag["rank"].replace(" ", "_") if tag else f"line{number}"
         per_rank.setdefault(rank, []).append(_num(match["old"] or match["new"]))
     return HostPools(hits, per_rank)
 

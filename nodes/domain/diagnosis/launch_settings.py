@@ -14,6 +14,10 @@ NOT_DIVISIBLE = re.compile(
 )
 
 
+#: Heads and hidden sizes are far below this; a larger "dimension" is not a model's.
+MAX_SHARDED_DIM = 10**7
+
+
 def tp_divisibility(bundle: Bundle) -> Diagnosis | None:
     """A sharded dimension (attention heads, the vision tower's heads) is not a multiple of the
     TP size."""
@@ -22,7 +26,11 @@ def tp_divisibility(bundle: Bundle) -> Diagnosis | None:
         return None
     dim = int(hit[1]["dim"] or hit[1]["heads"])
     tp = int(hit[1]["tp"] or hit[1]["tp2"])
-    valid = [d for d in range(1, dim + 1) if dim % d == 0]
+    if not 1 < dim <= MAX_SHARDED_DIM or tp < 1:
+        return None
+    valid = sorted(
+        {d for k in range(1, math.isqrt(dim) + 1) if dim % k == 0 for d in (k, dim // k)}
+    )
     nearest = min((d for d in valid if d != tp), key=lambda d: (abs(d - tp), -d))
     what = "attention heads" if hit[1]["heads"] else "heads of a sharded layer (e.g. vision heads)"
     numbers: dict[str, float] = {"tp_size": tp, "attention_heads": dim}
