@@ -183,6 +183,10 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "settled": launch.status in LAUNCH_ENDED
         and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete)),
         "stoppable": launch.status not in LAUNCH_ENDED,
+        # GPUs an ended launch still holds: their memory did not come back when it ended.
+        "held_gpus": list(launch.reservations.filter(kind="gpu").values_list("number", flat=True))
+        if launch.status in LAUNCH_ENDED
+        else [],
         "diagnosis": diagnosis,
         "fix": remedy.describe(diagnosis["changes"]) if diagnosis else "",
         "charts": timeline.charts(

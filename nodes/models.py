@@ -133,6 +133,14 @@ class Gpu(models.Model):
     def __str__(self) -> str:
         return f"{self.node.name} GPU {self.index}"
 
+    @property
+    def quarantine(self) -> GpuQuarantine | None:
+        """The quarantine in force on this GPU, if any (it outlives the row: discovery replaces
+        GPU rows)."""
+        return GpuQuarantine.objects.filter(
+            node_id=self.node_id, index=self.index, lifted_at__isnull=True
+        ).first()
+
 
 class NodeEvent(models.Model):
     """Something that happened to a node: a change found by discovery, lost or regained contact."""
@@ -349,3 +357,88 @@ class Reservation(models.Model):
     def __str__(self) -> str:
         what = f"GPU {self.number}" if self.kind == "gpu" else f"port {self.number}"
         return f"{self.node.name} {what} → launch #{self.launch_id}"
+
+
+class Cleanup(models.Model):
+    """One recovery of a node's GPUs: escalating steps, each recorded with what it ran, what it
+    answered and the memory before and after."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        ERROR = "error", "Error"
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="cleanups")
+    launch = models.ForeignKey(
+        Launch, null=True, blank=True, on_delete=models.SET_NULL, related_name="cleanups"
+    )
+    gpus = models.JSONField(default=list, help_text="GPU indexes the cleanup is about.")
+    foreign_pids = models.JSONField(
+        default=list, blank=True, help_text="Other holders the operator confirmed by PID."
+    )
+    requested_by = models.CharField(max_length=150)
+    status = models.CharField(max_length=8, choices=Status, default=Status.RUNNING)
+    message = models.TextField(blank=True)
+    result = models.JSONField(
+        null=True, blank=True, help_text='{"gpus": [GpuState.to_json()], "host": {...}}'
+    )
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+    finished = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"cleanup #{self.pk} of {self.node.name}"
+
+    def all_free(self) -> bool:
+        gpus = (self.result or {}).get("gpus") or []
+        return bool(gpus) and all(g.get("state") == "free" for g in gpus)
+
+
+class CleanupStep(models.Model):
+    """One step of a cleanup (``key`` a–h): the command run, its output, the measurements."""
+
+    cleanup = models.ForeignKey(Cleanup, on_delete=models.CASCADE, related_name="steps")
+    number = models.PositiveSmallIntegerField()
+    key = models.CharField(max_length=1)
+    title = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=16, help_text="done, nothing to do, failed, skipped")
+    command = models.TextField(blank=True)
+    output = models.TextField(blank=True)
+    before = models.JSONField(null=True, blank=True)
+    after = models.JSONField(null=True, blank=True)
+    started = models.DateTimeField()
+    finished = models.DateTimeField()
+
+    class Meta:
+        ordering = ["cleanup", "number"]
+
+    def __str__(self) -> str:
+        return f"{self.key}. {self.title}: {self.outcome}"
+
+
+class GpuQuarantine(models.Model):
+    """A GPU no launch may use: memory held with no process and no reset possible. Lifted only
+    when a discovery finds its memory free again (after the node's reboot)."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="quarantines")
+    index = models.PositiveSmallIntegerField()
+    reason = models.TextField()
+    since = models.DateTimeField(auto_now_add=True)
+    cleanup = models.ForeignKey(Cleanup, null=True, blank=True, on_delete=models.SET_NULL)
+    lifted_at = models.DateTimeField(null=True, blank=True)
+    lifted_because = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["node", "index", "-since"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["node", "index"],
+                condition=models.Q(lifted_at__isnull=True),
+                name="one_active_quarantine_per_gpu",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.node.name} GPU {self.index} quarantined"

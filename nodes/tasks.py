@@ -14,7 +14,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from nodes import ssh
-from nodes.services import discovery, follower, launches
+from nodes.services import cleanup, discovery, follower, launches
 
 
 @shared_task(name="nodes.discover_node", soft_time_limit=150, time_limit=180)
@@ -68,6 +68,12 @@ def stop_launch(launch_id: int, actor_id: int | None = None) -> dict[str, Any]:
         "held_gpus": {str(k): v for k, v in outcome.held_gpus.items()},
         "error": outcome.error,
     }
+
+
+@shared_task(name="nodes.cleanup_gpus", soft_time_limit=600, time_limit=660)
+def cleanup_gpus(cleanup_id: int) -> str:
+    """Run a recorded GPU cleanup; its verdict."""
+    return cleanup.run(cleanup_id).message
 
 
 @shared_task(name="nodes.reconcile_launches", soft_time_limit=60, time_limit=90, expires=60)

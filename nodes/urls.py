@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes import launch_views, profile_views, views
+from nodes import cleanup_views, launch_views, profile_views, views
 
 app_name = "nodes"
 
@@ -35,5 +35,8 @@ urlpatterns = [
     path("launches/<int:pk>/bundle/", launch_views.launch_bundle, name="launch-bundle"),
     path("launches/<int:pk>/apply-fix/", launch_views.launch_apply_fix, name="launch-apply-fix"),
     path("diagnose/", launch_views.bundle_diagnose, name="bundle-diagnose"),
+    path("nodes/<int:pk>/gpus/", cleanup_views.node_gpus, name="node-gpus"),
+    path("nodes/<int:pk>/cleanup/", cleanup_views.node_cleanup, name="node-cleanup"),
+    path("cleanups/<int:pk>/", cleanup_views.cleanup_detail, name="cleanup-detail"),
     path("audit/", views.audit_list, name="audit-list"),
 ]

@@ -7,7 +7,7 @@ The checks' ``name`` is what an operator passes to ``--override`` to launch desp
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ DEFAULT_PORT = 30000
 
 CHECK_NAMES: tuple[str, ...] = (
     "reservation",
+    "quarantine",
     "sglang",
     "budget",
     "gpus_idle",
@@ -32,8 +33,9 @@ CHECK_NAMES: tuple[str, ...] = (
     "model_path",
     "shm",
 )
-#: Checks no override can pass: two launches never share GPUs or ports.
-NOT_OVERRIDABLE = frozenset({"reservation"})
+#: Checks no override can pass: two launches never share GPUs or ports, and a quarantined GPU
+#: holds memory no process owns until the node is rebooted.
+NOT_OVERRIDABLE = frozenset({"reservation", "quarantine"})
 
 
 class PlanError(ValueError):
@@ -207,6 +209,14 @@ class GpuNow:
     index: int
     memory_used_bytes: int
     processes: tuple[tuple[int, str], ...] = ()
+
+
+def check_quarantine(quarantined: Mapping[int, str], chosen: Sequence[int]) -> Check:
+    """Refuses GPUs the panel quarantined after a cleanup could not free them."""
+    problems = [f"GPU {i} is quarantined: {quarantined[i]}" for i in chosen if i in quarantined]
+    if problems:
+        return Check("quarantine", False, "; ".join(problems))
+    return Check("quarantine", True, "no chosen GPU is quarantined")
 
 
 def check_gpus_idle(gpus: Sequence[GpuNow], chosen: Sequence[int]) -> Check:

@@ -32,6 +32,7 @@ from nodes.domain.probe_parse import (
     parse_probe,
 )
 from nodes.models import Gpu, Node, NodeEvent
+from nodes.services import cleanup
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -111,6 +112,14 @@ def save_facts(node: Node, facts: NodeFacts) -> None:
             )
             for g in facts.gpus
         )
+        cleanup.lift_quarantines(
+            node,
+            [
+                {"index": g.index, "memory_used_bytes": g.memory_used_bytes,
+                 "processes": list(g.processes)}
+                for g in facts.gpus
+            ],
+        )  # fmt: skip
         now = timezone.now()
         for change in describe_changes(old, facts):
             NodeEvent.objects.create(node=node, kind="change", message=change)

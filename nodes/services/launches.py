@@ -36,7 +36,7 @@ from nodes.domain.redact import mask_text, redact_args, redact_env, secret_value
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
-from nodes.services import diagnoses, discovery
+from nodes.services import cleanup, diagnoses, discovery
 from nodes.services.credentials import target_for
 from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
 
@@ -412,6 +412,7 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
         plan.GpuNow(g.index, g.memory_used_bytes, tuple((p.pid, p.name) for p in g.processes))
         for g in facts.gpus
     ]
+    checks.append(plan.check_quarantine(cleanup.quarantined(node), launch.gpus))
     checks.append(plan.check_gpus_idle(now, launch.gpus))
     # What the GPUs held before (another user's memory, if overridden) is not this launch's.
     before = {str(g.index): g.memory_used_bytes for g in now if g.index in launch.gpus}

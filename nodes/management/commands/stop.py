@@ -48,4 +48,9 @@ class Command(OneLineCommand):
             self.stdout.write(f"launch #{launch.pk} {launch.status}: {launch.reason}")
             if result["error"]:
                 self.stdout.write(f"  {result['error']}")
+            if result["held_gpus"] or result["remaining"]:
+                self.stdout.write(
+                    f"  not everything came back: manage.py cleanup {launch.node.name} "
+                    f"--launch {launch.pk} goes on (strays, defunct, GPU reset, quarantine)"
+                )
         raise SystemExit(0 if clean else 1)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +50,15 @@ class Launch:
         Like an NCCL collective, it waits for ever when a peer is gone (a hang), unless
         ``patience`` seconds (scaled) pass, when it raises TimeoutError.
         """
+        # A rank in a collective sits in NCCL's C code, where Python runs no signal handler: a
+        # SIGTERM waits until the collective returns (for ever when a peer is dead).
+        held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        try:
+            return self._exchange(phase, rank, value, patience)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _exchange(self, phase: str, rank: int, value: float, patience: float | None) -> list[float]:
         target = os.path.join(self.barrier_dir, f"{phase}.{rank}")
         with open(target + ".tmp", "w") as handle:
             json.dump(value, handle)

@@ -1,0 +1,100 @@
+"""GPU holders on the node page, the cleanup form, and a cleanup's checklist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse, HttpResponseBase
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_http_methods
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from nodes import ssh
+from nodes.choices import Role
+from nodes.cleanup_forms import CleanupForm
+from nodes.models import Cleanup, Launch, Node
+from nodes.roles import role_required
+from nodes.services import cleanup
+from nodes.tasks import cleanup_gpus
+from nodes.views import HtmxHttpRequest, _redirect
+
+
+@require_GET
+@login_required
+def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """The node's "GPU holders" panel: read live over SSH, changes nothing."""
+    node = get_object_or_404(Node, pk=pk)
+    context: dict[str, Any] = {"node": node}
+    try:
+        context["inspection"] = cleanup.inspect(node)
+    except ssh.RemoteError as exc:
+        context["error"] = exc.message
+    return render(request, "nodes/gpu_holders.html", context)
+
+
+def _launch_of(request: HtmxHttpRequest, node: Node) -> Launch | None:
+    text = request.GET.get("launch") or request.POST.get("launch") or ""
+    if not text.isdigit():
+        return None
+    return Launch.objects.filter(pk=int(text), node=node).first()
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Choose GPUs and confirm; other holders are listed one by one, each needing its tick."""
+    node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
+    launch = _launch_of(request, node)
+    try:
+        inspection = cleanup.inspect(node, launch=launch)
+    except ssh.RemoteError as exc:
+        messages.error(request, f"{node.name} did not answer: {exc.message}")
+        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    others = [
+        h
+        for h in inspection.holders
+        if h.gpus and h.state not in ("Z", "X") and not (launch and h.launch_id == launch.pk)
+    ]
+    form = CleanupForm(
+        request.POST or None,
+        gpu_indexes=[g.index for g in inspection.gpus],
+        others=others,
+        initial={"gpus": launch.gpus if launch else [g.index for g in inspection.gpus]},
+    )
+    if request.method == "POST" and form.is_valid():
+        data = form.cleaned_data
+        try:
+            job = cleanup.request(
+                node,
+                actor=request.user,
+                launch=launch,
+                gpus=data["gpus"],
+                foreign_pids=data.get("foreign") or [],
+            )
+        except cleanup.CleanupError as exc:
+            form.add_error(None, str(exc))
+        else:
+            try:
+                cleanup_gpus.delay(job.pk)
+            except (OperationalError, RedisError):
+                job.delete()
+                form.add_error(None, "The task queue (Redis) is unreachable; nothing was done.")
+            else:
+                return _redirect(request, reverse("nodes:cleanup-detail", args=[job.pk]))
+    context = {"node": node, "launch": launch, "inspection": inspection, "form": form}
+    return render(request, "nodes/cleanup_form.html", context)
+
+
+@require_GET
+@login_required
+def cleanup_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """A cleanup as a checklist: each step, its command, output and memory before/after."""
+    job = get_object_or_404(Cleanup.objects.select_related("node", "launch"), pk=pk)
+    context = {"cleanup": job, "steps": list(job.steps.all())}
+    if request.htmx and request.GET.get("part") == "steps":
+        return render(request, "nodes/cleanup_detail.html#steps", context)
+    return render(request, "nodes/cleanup_detail.html", context)

@@ -1,0 +1,128 @@
+"""``manage.py cleanup NODE [--launch ID] [--gpus 0,2] [--include-foreign PID,...] [--yes]
+[--json]``: recover stuck GPUs in escalating steps, each with its command, output and
+measurements; then each GPU's final state.
+
+Exit 0 when every GPU ends ``free``, 1 when any is ``held`` or ``quarantined`` (or the node did
+not answer), 2 for bad input or a refused confirmation. ``--include-foreign`` names other
+processes holding the GPUs that may be killed; without ``--yes`` the command asks, naming each.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from nodes import ssh
+from nodes.choices import Role
+from nodes.domain.launch_plan import PlanError, parse_gpu_list
+from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
+from nodes.models import Launch, Node
+from nodes.services import cleanup
+
+
+class Command(OneLineCommand):
+    help = "Clean up GPUs step by step: SIGTERM, SIGKILL, strays, defunct, reset, quarantine."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("node", help="Node name")
+        parser.add_argument("--launch", type=int, help="The launch whose processes to end")
+        parser.add_argument("--gpus", help="GPU indexes, e.g. 0,2 (default: the launch's, or all)")
+        parser.add_argument(
+            "--include-foreign",
+            default="",
+            help="PIDs of other holders of these GPUs that may be killed, e.g. 4242,4243",
+        )
+        parser.add_argument("--yes", action="store_true", help="Do not ask for confirmation")
+        parser.add_argument("--json", action="store_true", help="Print only one JSON document")
+        add_actor_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        actor = resolve_actor(options["actor"], Role.OPERATOR)
+        node = Node.objects.filter(name=options["node"]).first()
+        if node is None:
+            raise CommandError(f"no node named {options['node']!r}", returncode=2)
+        launch = None
+        if options["launch"] is not None:
+            launch = Launch.objects.filter(pk=options["launch"]).first()
+            if launch is None:
+                raise CommandError(f"no launch #{options['launch']}", returncode=2)
+        try:
+            gpus = parse_gpu_list(options["gpus"]) if options["gpus"] else None
+            foreign = _pids(options["include_foreign"])
+        except (PlanError, ValueError) as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        if not options["yes"]:
+            self._confirm(node, launch, gpus, foreign)
+        try:
+            job = cleanup.request(node, actor=actor, launch=launch, gpus=gpus, foreign_pids=foreign)
+        except cleanup.CleanupError as exc:
+            raise CommandError(str(exc), returncode=2) from None
+        done = cleanup.run(job.pk)
+        steps = list(done.steps.all())
+        doc = {
+            "id": done.pk,
+            "node": node.name,
+            "launch": done.launch_id,
+            "status": done.status,
+            "message": done.message,
+            "steps": [
+                {
+                    "key": s.key,
+                    "title": s.title,
+                    "outcome": s.outcome,
+                    "command": s.command,
+                    "output": s.output,
+                    "before": s.before,
+                    "after": s.after,
+                }
+                for s in steps
+            ],
+            "gpus": (done.result or {}).get("gpus", []),
+            "host": (done.result or {}).get("host", {}),
+        }
+        if options["json"]:
+            self.stdout.write(json.dumps(doc))
+        else:
+            for s in steps:
+                self.stdout.write(f"{s.key}. {s.title}: {s.outcome}")
+                if s.command:
+                    self.stdout.write(f"   $ {s.command}")
+                for line in s.output.splitlines():
+                    self.stdout.write(f"   {line}")
+            for g in doc["gpus"]:
+                self.stdout.write(f"GPU {g['index']}: {g['state']}")
+            self.stdout.write(done.message)
+        raise SystemExit(0 if done.status == "done" and done.all_free() else 1)
+
+    def _confirm(
+        self, node: Node, launch: Launch | None, gpus: list[int] | None, foreign: list[int]
+    ) -> None:
+        if not sys.stdin.isatty():
+            raise CommandError(
+                "cleanup kills processes: confirm with --yes when not at a terminal", returncode=2
+            )
+        try:
+            found = cleanup.inspect(node, launch=launch)
+        except ssh.RemoteError as exc:
+            raise CommandError(f"{node.name}: {exc.message}") from None
+        what = f"launch #{launch.pk}'s processes and " if launch else ""
+        self.stdout.write(f"This ends {what}recovers GPU {gpus or 'all'} on {node.name}.")
+        holders = {h.pid: h for h in found.holders}
+        for pid in foreign:
+            holder = holders.get(pid)
+            shown = holder.command if holder else "(not holding these GPUs now)"
+            self.stdout.write(f"  and kills PID {pid}: {shown}")
+        if input("Go on? [y/N] ").strip().lower() not in ("y", "yes"):
+            raise CommandError("nothing done", returncode=2)
+
+
+def _pids(text: str) -> list[int]:
+    pids = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if not part.isdigit() or int(part) < 2:
+            raise ValueError(f"--include-foreign: {part!r} is not a process id")
+        pids.append(int(part))
+    return pids

@@ -1,0 +1,65 @@
+"""``manage.py gpus NODE [--json]``: who holds the node's GPUs now (changes nothing).
+
+``--json`` prints only ``{"gpus": [{"index", "state" (free/held/quarantined),
+"memory_used_bytes", "orphaned_bytes", "holders": [{"pid", "ppid", "state", "command",
+"launch_id"}], "quarantine_reason"}], "host": {...}}``. Exit 0; 1 when the node does not answer;
+2 for an unknown node.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import CommandError, CommandParser
+
+from nodes import ssh
+from nodes.choices import Role
+from nodes.domain.units import format_bytes
+from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
+from nodes.models import Node
+from nodes.services import cleanup
+
+
+class Command(OneLineCommand):
+    help = "Inspect a node's GPUs: memory, holders (NVML and /dev/nvidia*), quarantine, host."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("node", help="Node name")
+        parser.add_argument("--json", action="store_true", help="Print only one JSON document")
+        add_actor_argument(parser)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        resolve_actor(options["actor"], Role.VIEWER)
+        node = Node.objects.filter(name=options["node"]).first()
+        if node is None:
+            raise CommandError(f"no node named {options['node']!r}", returncode=2)
+        try:
+            found = cleanup.inspect(node)
+        except ssh.RemoteError as exc:
+            raise CommandError(f"{node.name}: {exc.message}") from None
+        if options["json"]:
+            self.stdout.write(json.dumps(found.to_json()))
+            return
+        for gpu in found.gpus:
+            line = (
+                f"GPU {gpu.index}: {gpu.state}, {format_bytes(gpu.memory_used_bytes, 'GiB')} "
+                f"of {format_bytes(gpu.memory_total_bytes, 'GiB')} used"
+            )
+            if gpu.orphaned_bytes:
+                line += f", {format_bytes(gpu.orphaned_bytes, 'GiB')} with no process"
+            if gpu.quarantine_reason:
+                line += f" — {gpu.quarantine_reason}"
+            self.stdout.write(line)
+            for h in gpu.holders:
+                owner = f"launch #{h.launch_id}" if h.launch_id else "not Rankwise's"
+                self.stdout.write(
+                    f"  PID {h.pid} (PPID {h.ppid}, state {h.state}, {owner}): {h.command}"
+                )
+        host = found.host
+        self.stdout.write(
+            f"host: MemAvailable {format_bytes(host.get('mem_available_bytes') or 0, 'GB')} of "
+            f"{format_bytes(host.get('mem_total_bytes') or 0, 'GB')}, Mlocked "
+            f"{format_bytes(host.get('mlocked_bytes') or 0, 'GB')}, /dev/shm "
+            f"{format_bytes(host.get('shm_bytes') or 0, 'GB')} in {len(host['shm_files'])} files"
+        )

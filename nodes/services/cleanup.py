@@ -1,0 +1,463 @@
+"""Stuck GPUs: inspect who holds them, and recover them in escalating steps that each record
+what ran, what it answered and the memory before and after.
+
+Steps (``STEPS``): a. SIGTERM the launch's process group; b. SIGKILL it; c. the launch's stray
+processes (its marker, or its session, outside the group); d. defunct processes, reaped through
+their parents; e. other holders of the chosen GPUs, only those the operator named by PID;
+f. re-read GPU and host memory; g. ``nvidia-smi --gpu-reset`` of GPUs still holding memory with
+no process; h. quarantine what is still held, and say that only a driver reload or a reboot
+will help. Foreign processes nobody named are never signalled.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.audit import record
+from nodes.choices import LAUNCH_ENDED
+from nodes.domain import gpu_holders as gh
+from nodes.domain.units import format_bytes
+from nodes.models import Cleanup, CleanupStep, GpuQuarantine, Launch, Node, NodeEvent, Reservation
+from nodes.services import discovery
+from nodes.services.credentials import target_for
+
+GPUCTL = (Path(__file__).resolve().parent.parent / "remote" / "gpuctl.py").read_text()
+Actor = AbstractBaseUser | AnonymousUser
+STEPS = {
+    "a": "SIGTERM the launch's process group, wait",
+    "b": "SIGKILL the launch's process group",
+    "c": "Kill the launch's stray processes",
+    "d": "Reap defunct processes through their parents",
+    "e": "Kill other holders you confirmed by PID",
+    "f": "Re-read GPU and host memory",
+    "g": "Reset GPUs holding memory with no process (nvidia-smi --gpu-reset)",
+    "h": "Quarantine GPUs still holding memory",
+}
+#: Seconds a SIGKILL is given to take effect; a process still there after it (D state) is
+#: reported, not waited on.
+KILL_WAIT_S = 5.0
+
+
+class CleanupError(ValueError):
+    """The cleanup cannot start: bad input (GPU indexes, PIDs) or a launch still running."""
+
+
+def gpuctl(client: Any, *args: str, timeout: float = 60) -> dict[str, Any]:
+    """Run a ``gpuctl`` command on the node; its JSON answer. Raises ``ssh.RemoteError``."""
+    result = ssh.run(client, ["python3", "-c", GPUCTL, *args], timeout=timeout)
+    try:
+        doc: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise ssh.RemoteError("command_failed", "GPU control printed no answer") from None
+    return doc
+
+
+@dataclass
+class Inspection:
+    """A node's GPUs and host memory as read now; ``holders`` are every process found."""
+
+    gpus: list[gh.GpuState]
+    host: dict[str, Any]
+    holders: list[gh.Holder]
+    groups: dict[int, int]  # process group → launch id, from the node's launch folders
+
+    def to_json(self) -> dict[str, Any]:
+        return {"gpus": [g.to_json() for g in self.gpus], "host": self.host}
+
+    def gpu(self, index: int) -> gh.GpuState | None:
+        return next((g for g in self.gpus if g.index == index), None)
+
+
+def quarantined(node: Node) -> dict[int, str]:
+    """GPU index → reason, for the node's GPUs in quarantine now."""
+    rows = GpuQuarantine.objects.filter(node=node, lifted_at__isnull=True)
+    return {q.index: q.reason for q in rows}
+
+
+def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
+    """Read the node's GPUs (NVML) and their holders (open device files, launch groups) and
+    its host memory. Changes nothing. Raises ``ssh.RemoteError``."""
+    facts = discovery.probe(node, live=True, timeout=30)
+    with ssh.pool.session(target_for(node)) as client:
+        raw = gpuctl(client, "inspect")
+    groups = {
+        int(f["pgid"]): int(f["launch_id"])
+        for f in raw.get("launches") or []
+        if f.get("pgid") and str(f.get("launch_id") or "").isdigit()
+    }
+    gpus = [
+        {
+            "index": g.index,
+            "memory_total_bytes": g.memory_total_bytes,
+            "memory_used_bytes": g.memory_used_bytes,
+            "processes": [
+                {"pid": p.pid, "name": p.name, "used_memory_bytes": p.used_memory_bytes}
+                for p in g.processes
+            ],
+        }
+        for g in facts.gpus
+    ]
+    found = gh.holders(raw.get("processes") or [], gpus, groups)
+    before = None
+    if launch is not None and launch.memory_timeline:
+        before = launch.memory_timeline[0].get("host_available_bytes")
+    return Inspection(
+        gpus=gh.gpu_states(gpus, found, quarantined(node)),
+        host=gh.host_state(raw.get("meminfo") or {}, raw.get("shm_files") or [], before),
+        holders=found,
+        groups=groups,
+    )
+
+
+def request(
+    node: Node,
+    *,
+    actor: Actor,
+    launch: Launch | None = None,
+    gpus: list[int] | None = None,
+    foreign_pids: list[int] | None = None,
+) -> Cleanup:
+    """Record a cleanup to run (``run``). The GPUs default to the launch's, else all of the
+    node's. Raises ``CleanupError`` for GPUs the node lacks or a launch that still runs."""
+    indexes = sorted(set(gpus or (launch.gpus if launch else []) or _all_gpus(node)))
+    missing = sorted(set(indexes) - set(_all_gpus(node)))
+    if missing:
+        raise CleanupError(f"{node.name} has no GPU {', '.join(map(str, missing))}")
+    if launch is not None and launch.node_id != node.pk:
+        raise CleanupError(f"launch #{launch.pk} ran on {launch.node.name}, not {node.name}")
+    if launch is not None and launch.status not in LAUNCH_ENDED:
+        raise CleanupError(
+            f"launch #{launch.pk} is {launch.status}: stop it first (stopping kills its "
+            "processes and offers this cleanup if memory stays held)"
+        )
+    return Cleanup.objects.create(
+        node=node,
+        launch=launch,
+        gpus=indexes,
+        foreign_pids=sorted(set(foreign_pids or [])),
+        requested_by=actor.get_username() if actor.is_authenticated else "cli",
+    )
+
+
+def _all_gpus(node: Node) -> list[int]:
+    return list(node.gpus.values_list("index", flat=True))
+
+
+class _Run:
+    """One cleanup's steps, each recorded as it ends."""
+
+    def __init__(self, cleanup: Cleanup) -> None:
+        self.cleanup = cleanup
+        self.node = cleanup.node
+        self.launch = cleanup.launch
+        self.chosen = list(cleanup.gpus)
+        self.number = 0
+        self.state = inspect(self.node, launch=self.launch)
+
+    def measure(self, state: Inspection) -> dict[str, Any]:
+        return {
+            "gpus": {
+                str(g.index): {
+                    "state": g.state,
+                    "used_bytes": g.memory_used_bytes,
+                    "orphaned_bytes": g.orphaned_bytes,
+                    "holders": [h.pid for h in g.holders],
+                }
+                for g in state.gpus
+                if g.index in self.chosen
+            },
+            "mem_available_bytes": state.host.get("mem_available_bytes"),
+        }
+
+    def step(self, key: str, act: Callable[[], tuple[str, str, str]]) -> None:
+        """Run one step: ``act`` returns (outcome, command, output); measure after it."""
+        started = timezone.now()
+        before = self.measure(self.state)
+        try:
+            outcome, command, output = act()
+        except ssh.RemoteError as exc:
+            outcome, command, output = "failed", "", exc.message
+        if outcome not in ("nothing to do", "skipped"):
+            try:
+                self.state = inspect(self.node, launch=self.launch)
+            except ssh.RemoteError as exc:
+                output += f"\n(re-reading the node failed: {exc.message})"
+        self.number += 1
+        CleanupStep.objects.create(
+            cleanup=self.cleanup,
+            number=self.number,
+            key=key,
+            title=STEPS[key],
+            outcome=outcome,
+            command=command,
+            output=output[:20000],
+            before=before,
+            after=self.measure(self.state),
+            started=started,
+            finished=timezone.now(),
+        )
+
+    def signal(self, name: str, wait: float, targets: list[str]) -> tuple[str, str, str]:
+        with ssh.pool.session(target_for(self.node)) as client:
+            answer = gpuctl(client, "signal", name, str(wait), *targets, timeout=wait + 60)
+        command = f"kill -{name} " + " ".join(targets)
+        lines = [f"sent SIG{name} to {', '.join(answer['sent']) or 'nothing'}"]
+        lines += answer["errors"]
+        for p in answer["remaining"]:
+            lines.append(f"still there after {wait:g} s: PID {p['pid']} state {p['state']} "
+                         f"{p['command']}")  # fmt: skip
+        return ("done" if not answer["remaining"] else "some remain"), command, "\n".join(lines)
+
+
+def run(cleanup_id: int) -> Cleanup:
+    """Carry out a recorded cleanup, step by step; the result holds each GPU's final state.
+    Raises nothing for a node that stops answering: the step says so and the cleanup ends
+    ``error``."""
+    cleanup = Cleanup.objects.select_related("node", "launch").get(pk=cleanup_id)
+    try:
+        job = _Run(cleanup)
+    except ssh.RemoteError as exc:
+        return _end(cleanup, Cleanup.Status.ERROR, f"{cleanup.node.name}: {exc.message}", None)
+    launch = cleanup.launch
+    group = launch.pgid if launch is not None else None
+
+    def plan() -> gh.Targets:
+        return gh.targets(
+            job.state.holders,
+            launch_id=launch.pk if launch else None,
+            group=group,
+            chosen=job.chosen,
+            named_foreign=cleanup.foreign_pids,
+        )
+
+    def group_alive() -> bool:
+        return any(h.pgid == group and h.state not in ("Z", "X") for h in job.state.holders)
+
+    def sigterm() -> tuple[str, str, str]:
+        if not group or not group_alive():
+            return "nothing to do", "", "no live process in the launch's process group"
+        return job.signal("TERM", float(settings.RANKWISE_STOP_GRACE_SECONDS), [f"-{group}"])
+
+    def sigkill() -> tuple[str, str, str]:
+        if not group or not group_alive():
+            return "nothing to do", "", "the launch's process group is gone"
+        return job.signal("KILL", KILL_WAIT_S, [f"-{group}"])
+
+    def strays() -> tuple[str, str, str]:
+        pids = plan().strays
+        if not pids:
+            return "nothing to do", "", "no process of the launch outside its group"
+        return job.signal("KILL", KILL_WAIT_S, [str(p) for p in pids])
+
+    def defunct() -> tuple[str, str, str]:
+        pids = plan().defunct
+        if not pids:
+            return "nothing to do", "", "no defunct process"
+        with ssh.pool.session(target_for(job.node)) as client:
+            answer = gpuctl(client, "reap", str(KILL_WAIT_S), *map(str, pids))
+            left = answer["defunct"]
+            # A parent that does not collect its children is the launch's own process: end
+            # it, and init collects them.
+            ours = {h.pid for h in job.state.holders if launch and h.launch_id == launch.pk}
+            parents = sorted({p["ppid"] for p in left if p["ppid"] in ours})
+            if parents:
+                gpuctl(client, "signal", "KILL", str(KILL_WAIT_S), *map(str, parents))
+                answer = gpuctl(client, "reap", str(KILL_WAIT_S), *map(str, pids))
+                left = answer["defunct"]
+        lines = [f"SIGCHLD to parents {answer['signalled_parents'] or 'none'}"]
+        if parents:
+            lines.append(f"SIGKILL to the launch's parents that did not collect them: {parents}")
+        lines += [f"still defunct: PID {p['pid']} (parent {p['ppid']})" for p in left]
+        command = "kill -CHLD <parent>" + ("; kill -KILL <parent>" if parents else "")
+        return ("done" if not left else "some remain"), command, "\n".join(lines)
+
+    def foreign() -> tuple[str, str, str]:
+        targets = plan()
+        left_alone = [f"PID {h.pid} ({h.command}) not named: left alone" for h in targets.untouched]
+        if not targets.foreign:
+            return "nothing to do", "", "\n".join(left_alone) or "no other holder"
+        outcome, command, output = job.signal("TERM", 10.0, [str(p) for p in targets.foreign])
+        remaining = set(targets.foreign) & {h.pid for h in job.state.holders}
+        if outcome != "done" or remaining:
+            job.state = inspect(job.node, launch=launch)
+            _, more, out2 = job.signal("KILL", KILL_WAIT_S, [str(p) for p in targets.foreign])
+            command, output = f"{command}; {more}", f"{output}\n{out2}"
+        return "done", command, "\n".join([output, *left_alone])
+
+    def reread() -> tuple[str, str, str]:
+        lines = []
+        for index in job.chosen:
+            g = job.state.gpu(index)
+            if g is not None:
+                lines.append(
+                    f"GPU {index}: {g.state}, {format_bytes(g.memory_used_bytes, 'GiB')} used, "
+                    f"{len(g.holders)} holder(s), {format_bytes(g.orphaned_bytes, 'GiB')} with "
+                    "no process"
+                )
+        host = job.state.host
+        lines.append(
+            f"host: MemAvailable {format_bytes(host.get('mem_available_bytes') or 0, 'GB')}"
+            + (
+                f", {format_bytes(host['not_returned_bytes'], 'GB')} less than before the launch"
+                if host.get("not_returned_bytes")
+                else ""
+            )
+            + f", Mlocked {format_bytes(host.get('mlocked_bytes') or 0, 'GB')}"
+        )
+        return "done", "nvidia-smi/NVML and /proc/meminfo", "\n".join(lines)
+
+    def resets() -> tuple[str, str, str]:
+        stuck = [g for g in job.state.gpus if g.index in job.chosen and _orphaned(g)]
+        if not stuck:
+            return "nothing to do", "", "no GPU holds memory without a process"
+        lines, commands, failed = [], [], False
+        with ssh.pool.session(target_for(job.node)) as client:
+            for g in stuck:
+                answer = gpuctl(client, "reset", str(g.index), timeout=180)
+                commands.append(shlex.join(answer["command"]))
+                lines.append(f"GPU {g.index}: exit {answer['exit_status']}: {answer['output']}")
+                failed = failed or answer["exit_status"] != 0
+        return ("failed" if failed else "done"), "; ".join(commands), "\n".join(lines)
+
+    def quarantine() -> tuple[str, str, str]:
+        stuck = [g for g in job.state.gpus if g.index in job.chosen and _orphaned(g)]
+        if not stuck:
+            return "nothing to do", "", "every chosen GPU's memory came back"
+        lines = []
+        for g in stuck:
+            reason = (
+                f"{format_bytes(g.orphaned_bytes, 'GiB')} of "
+                f"{format_bytes(g.memory_total_bytes, 'GiB')} held with no process after "
+                f"cleanup #{cleanup.pk}; the GPU reset did not help: the node needs a driver "
+                "reload or a reboot"
+            )
+            try:
+                with transaction.atomic():
+                    GpuQuarantine.objects.create(
+                        node=job.node, index=g.index, reason=reason, cleanup=cleanup
+                    )
+            except IntegrityError:
+                pass  # quarantined already
+            lines.append(f"GPU {g.index} quarantined: {reason}")
+        job.state = inspect(job.node, launch=launch)
+        return "done", "", "\n".join(lines)
+
+    for key, act in (
+        ("a", sigterm),
+        ("b", sigkill),
+        ("c", strays),
+        ("d", defunct),
+        ("e", foreign),
+        ("f", reread),
+        ("g", resets),
+        ("h", quarantine),
+    ):
+        job.step(key, act)
+    result = job.state.to_json()
+    result["gpus"] = [g for g in result["gpus"] if g["index"] in job.chosen]
+    held = [g for g in result["gpus"] if g["state"] == "held"]
+    if launch is not None:
+        # A quarantined GPU is kept from every launch by its quarantine instead.
+        freed = [g["index"] for g in result["gpus"] if g["state"] in ("free", "quarantined")]
+        Reservation.objects.filter(launch=launch, kind="gpu", number__in=freed).delete()
+        if not held:
+            Reservation.objects.filter(launch=launch).delete()
+    message = _verdict(result["gpus"])
+    return _end(cleanup, Cleanup.Status.DONE, message, result)
+
+
+def _orphaned(gpu: gh.GpuState) -> bool:
+    return gpu.orphaned_bytes > 0 and not gpu.holders
+
+
+def _verdict(gpus: list[dict[str, Any]]) -> str:
+    quarantined = [g for g in gpus if g["state"] == "quarantined"]
+    held = [g for g in gpus if g["state"] == "held"]
+    if quarantined:
+        total = sum(g["orphaned_bytes"] or g["memory_used_bytes"] for g in quarantined)
+        return (
+            f"GPU {', '.join(str(g['index']) for g in quarantined)} quarantined: "
+            f"{format_bytes(total, 'GiB')} held with no process and no GPU reset possible. "
+            "Reload the NVIDIA driver or reboot the node, then run discovery."
+        )
+    stuck = [h for g in held for h in g["holders"] if h["state"] == "D" and h.get("launch_id")]
+    if stuck:
+        pids = ", ".join(sorted({str(h["pid"]) for h in stuck}))
+        return (
+            f"GPU {', '.join(str(g['index']) for g in held)} still held: the launch's PIDs "
+            f"{pids} are in uninterruptible sleep (D state), where no signal ends them; they "
+            "hold their memory until the node is rebooted."
+        )
+    if held:
+        return (
+            f"GPU {', '.join(str(g['index']) for g in held)} still held by processes you did "
+            "not name (see the holders); confirm them by PID to include them."
+        )
+    return "Every chosen GPU is free."
+
+
+def _end(cleanup: Cleanup, status: str, message: str, result: dict[str, Any] | None) -> Cleanup:
+    Cleanup.objects.filter(pk=cleanup.pk).update(
+        status=status, message=message, result=result, finished=timezone.now()
+    )
+    cleanup.refresh_from_db()
+    NodeEvent.objects.create(node=cleanup.node, kind="cleanup", message=message)
+    record(
+        "node.cleanup",
+        actor=None,
+        actor_name=cleanup.requested_by,
+        obj=cleanup.node,
+        after={
+            "cleanup": cleanup.pk,
+            "launch": cleanup.launch_id,
+            "gpus": cleanup.gpus,
+            "foreign_pids": cleanup.foreign_pids,
+            "status": status,
+            "message": message,
+            "steps": [
+                {"key": s.key, "outcome": s.outcome, "command": s.command}
+                for s in cleanup.steps.all()
+            ],
+        },
+    )
+    return cleanup
+
+
+def lift_quarantines(node: Node, gpus: list[dict[str, Any]]) -> list[int]:
+    """End the quarantine of each GPU a discovery found free (at most ``IDLE_GPU_BYTES`` used,
+    no process): after the node's reboot. Returns the indexes lifted."""
+    free = {
+        int(g["index"])
+        for g in gpus
+        if int(g.get("memory_used_bytes") or 0) <= gh.IDLE_GPU_BYTES and not g.get("processes")
+    }
+    lifted = []
+    for q in GpuQuarantine.objects.filter(node=node, lifted_at__isnull=True, index__in=free):
+        because = "a discovery found its memory free"
+        GpuQuarantine.objects.filter(pk=q.pk).update(
+            lifted_at=timezone.now(), lifted_because=because
+        )
+        NodeEvent.objects.create(
+            node=node, kind="quarantine", message=f"GPU {q.index} back from quarantine: {because}"
+        )
+        record(
+            "gpu.quarantine_lifted",
+            actor=None,
+            actor_name="discovery",
+            obj=node,
+            before={"gpu": q.index, "reason": q.reason},
+            after={"gpu": q.index, "because": because},
+        )
+        lifted.append(q.index)
+    return lifted
