@@ -157,7 +157,7 @@ def test_a_defunct_rank_is_reaped_when_its_parent_ignores_sigterm(spare, olga, s
     )
     spare.sim.ok(
         f"mkdir -p {folder} && echo {launch.pk} > {folder}/launch_id && "
-        f"(RANKWISE_LAUNCH_ID={launch.pk} setsid python3 -c '{script}' "
+        f"(RANKWISE_LAUNCH_ID={launch.pk} setsid python3 -c '{script}' {folder} "
         f"> /dev/null 2>&1 & echo $! > {folder}/pgid)"
     )
     pgid = int(spare.sim.ok(f"cat {folder}/pgid").strip())
@@ -207,3 +207,30 @@ def _revision(node: Any) -> Any:
         profile=profile, number=1, args=["--model-path", "/m"], env={}, author="olga", node=node,
         verdict="ok", report={},
     )  # fmt: skip
+
+
+def test_a_launch_group_id_reused_by_another_process_is_left_alone(spare, olga):
+    """The launch ended long ago; its process group id now leads someone else's group."""
+    launch = Launch.objects.create(
+        revision=_revision(spare),
+        node=spare,
+        gpus=[0],
+        port=30000,
+        created_by="olga",
+        startup_timeout_s=60,
+        status=LaunchStatus.STOPPED,
+    )
+    folder = f"/root/.rankwise/launches/{launch.pk}-old"
+    spare.sim.ok(
+        f"mkdir -p {folder} && echo {launch.pk} > {folder}/launch_id && "
+        f"(setsid sleep 600 > /dev/null 2>&1 & echo $! > {folder}/pgid)"
+    )
+    other = int(spare.sim.ok(f"cat {folder}/pgid").strip())
+    Launch.objects.filter(pk=launch.pk).update(pgid=other, remote_dir=folder)
+    try:
+        job = cleanup.request(spare, actor=olga, launch=Launch.objects.get(pk=launch.pk))
+        steps = {s.key: s for s in cleanup.run(job.pk).steps.all()}
+        assert steps["a"].outcome == steps["b"].outcome == "nothing to do"
+        assert str(other) in spare.sim.ok("ps -eo pid=").split()
+    finally:
+        spare.sim.ok(f"kill {other}; rm -rf {folder}")

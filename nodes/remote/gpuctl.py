@@ -97,11 +97,15 @@ def launch_folders() -> list[dict[str, Any]]:
     found = []
     for folder in sorted(glob.glob(os.path.join(LAUNCHES, "*"))):
         pgid = (_read(os.path.join(folder, "pgid")) or "").strip()
+        leader = _read(f"/proc/{pgid}/cmdline", "rb") if pgid.isdigit() else None
         found.append(
             {
                 "dir": folder,
                 "launch_id": (_read(os.path.join(folder, "launch_id")) or "").strip() or None,
                 "pgid": int(pgid) if pgid.isdigit() else None,
+                # The group is the launch's only while its leader is the launch's supervisor
+                # (started with this folder); a reused PID leads someone else's group.
+                "leader_alive": bool(leader) and folder.encode() in (leader or b""),
                 "exit_status": (_read(os.path.join(folder, "exit_status")) or "").strip() or None,
             }
         )
@@ -135,7 +139,7 @@ def shm_files() -> list[dict[str, Any]]:
 def inspect(pgids: list[int]) -> dict[str, Any]:
     uptime = _uptime()
     folders = launch_folders()
-    groups = set(pgids) | {f["pgid"] for f in folders if f["pgid"]}
+    groups = set(pgids) | {f["pgid"] for f in folders if f["pgid"] and f["leader_alive"]}
     holders = []
     for pid in _pids():
         if pid == os.getpid():

@@ -94,7 +94,7 @@ def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
     groups = {
         int(f["pgid"]): int(f["launch_id"])
         for f in raw.get("launches") or []
-        if f.get("pgid") and str(f.get("launch_id") or "").isdigit()
+        if f.get("pgid") and f.get("leader_alive") and str(f.get("launch_id") or "").isdigit()
     }
     gpus = [
         {
@@ -242,7 +242,11 @@ def run(cleanup_id: int) -> Cleanup:
         )
 
     def group_alive() -> bool:
-        return any(h.pgid == group and h.state not in ("Z", "X") for h in job.state.holders)
+        """The launch's own processes live in its group (a reused group id is someone else's)."""
+        return any(
+            h.pgid == group and h.state not in ("Z", "X") and launch and h.launch_id == launch.pk
+            for h in job.state.holders
+        )
 
     def sigterm() -> tuple[str, str, str]:
         if not group or not group_alive():
