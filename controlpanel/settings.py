@@ -182,6 +182,8 @@ RANKWISE_HEALTH_SECONDS = env_int("RANKWISE_HEALTH_SECONDS", 10)
 RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 200_000)
 # Seconds a stop waits after SIGTERM before SIGKILL.
 RANKWISE_STOP_GRACE_SECONDS = env_int("RANKWISE_STOP_GRACE_SECONDS", 20)
+# A revision is stamped known-good on a node once a launch of it stayed healthy this long.
+RANKWISE_KNOWN_GOOD_SECONDS = env_int("RANKWISE_KNOWN_GOOD_SECONDS", 600)
 # How often host RAM and GPU memory are sampled while a launch starts (its memory timeline).
 RANKWISE_MEMORY_SAMPLE_SECONDS = env_int("RANKWISE_MEMORY_SAMPLE_SECONDS", 2)
 CELERY_TASK_ROUTES = {"nodes.follow_launch": {"queue": "streams"}}

@@ -442,3 +442,40 @@ class GpuQuarantine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name} GPU {self.index} quarantined"
+
+
+class KnownGoodStamp(models.Model):
+    """A revision that launched on a node, reached ``ready`` and stayed healthy for the
+    known-good window: where, on what hardware, and what it really used beside the estimate."""
+
+    revision = models.ForeignKey(ProfileRevision, on_delete=models.CASCADE, related_name="stamps")
+    node = models.ForeignKey(Node, null=True, on_delete=models.SET_NULL, related_name="stamps")
+    node_name = models.CharField(max_length=63)
+    launch = models.OneToOneField(
+        Launch, null=True, blank=True, on_delete=models.SET_NULL, related_name="stamp"
+    )
+    gpu_name = models.CharField(max_length=128, help_text="The GPU model, e.g. NVIDIA H200.")
+    gpu_count = models.PositiveSmallIntegerField(help_text="GPUs the launch used.")
+    gpu_memory_bytes = models.PositiveBigIntegerField(help_text="Memory of one GPU.")
+    host_ram_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    sglang_version = models.CharField(max_length=32, blank=True)
+    launched_by = models.CharField(max_length=150)
+    stamped_at = models.DateTimeField(db_index=True)
+    healthy_seconds = models.PositiveIntegerField()
+    observed = models.JSONField(
+        default=dict,
+        help_text='{"gpu_used_bytes": {index: bytes}, "host_pool_bytes_per_rank", '
+        '"max_total_num_tokens"}',
+    )
+    estimate = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-stamped_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.revision} known-good on {self.node_name}"
+
+    @property
+    def gpu_class(self) -> str:
+        """``8 × NVIDIA H200 (96 GiB)``: what "known-good on this GPU class" compares."""
+        return f"{self.gpu_count} × {self.gpu_name} ({round(self.gpu_memory_bytes / 2**30)} GiB)"

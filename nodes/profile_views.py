@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db.models import Exists, F, OuterRef, Prefetch, Subquery
 from django.http import HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -14,7 +16,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from nodes.choices import Role
 from nodes.domain.redact import redact_args, redact_env
-from nodes.models import LaunchProfile
+from nodes.models import KnownGoodStamp, LaunchProfile, Node
 from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import role_required
 from nodes.services.profiles import evaluate, model_facts, save_revision
@@ -25,15 +27,55 @@ from nodes.views import HtmxHttpRequest, _redirect
 @login_required
 def profile_list(request: HtmxHttpRequest) -> HttpResponse:
     # Ad-hoc profiles (one pasted command each) live on their launch pages, not in this list.
-    profiles = LaunchProfile.objects.filter(adhoc=False).prefetch_related("revisions")
-    return render(request, "nodes/profile_list.html", {"profiles": profiles})
+    profiles = LaunchProfile.objects.filter(adhoc=False).prefetch_related(
+        "revisions", Prefetch("revisions__stamps", KnownGoodStamp.objects.order_by("-stamped_at"))
+    )
+    wanted = request.GET.get("node", "")
+    node = Node.objects.filter(name=wanted).first() if wanted and "\x00" not in wanted else None
+    gpu_class = request.GET.get("gpu_class", "")
+    if wanted and node is None:
+        gpu_class = "no such node"  # matches no stamp: the list says none is known-good there
+    stamps = KnownGoodStamp.objects.filter(revision__profile=OuterRef("pk"))
+    if node is not None:
+        stamps = stamps.filter(node=node)
+    if gpu_class:
+        stamps = stamps.filter(**_gpu_class_filter(gpu_class))
+    if wanted or gpu_class:
+        profiles = profiles.filter(Exists(stamps))
+    # Recent success first: the newest stamp (there, when filtered), then the rest by name.
+    profiles = profiles.annotate(
+        last_success=Subquery(stamps.order_by("-stamped_at").values("stamped_at")[:1])
+    ).order_by(F("last_success").desc(nulls_last=True), "name")
+    context = {
+        "profiles": profiles,
+        "nodes": Node.objects.values_list("name", flat=True),
+        "gpu_classes": sorted({s.gpu_class for s in KnownGoodStamp.objects.all()}),
+        "node": wanted,
+        "gpu_class": request.GET.get("gpu_class", ""),
+        "filtered": bool(wanted or gpu_class),
+    }
+    return render(request, "nodes/profile_list.html", context)
+
+
+def _gpu_class_filter(text: str) -> dict[str, Any]:
+    """``8 × NVIDIA H200 (96 GiB)`` → the stamp fields it stands for (nothing matches junk)."""
+    match = re.fullmatch(r"(\d+) × (.+) \((\d+) GiB\)", text)
+    if not match:
+        return {"pk__in": []}
+    count, name, gib = int(match[1]), match[2], int(match[3])
+    return {
+        "gpu_count": count,
+        "gpu_name": name,
+        "gpu_memory_bytes__gte": round((gib - 0.5) * 2**30),
+        "gpu_memory_bytes__lt": round((gib + 0.5) * 2**30),
+    }
 
 
 @require_GET
 @login_required
 def profile_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     profile = get_object_or_404(LaunchProfile, pk=pk)
-    revisions = profile.revisions.select_related("node")
+    revisions = profile.revisions.select_related("node").prefetch_related("stamps")
     return render(
         request, "nodes/profile_detail.html", {"profile": profile, "revisions": revisions}
     )

@@ -28,7 +28,7 @@ from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import mask_text, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
-from nodes.services import diagnoses, launches
+from nodes.services import diagnoses, launches, stamps
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -399,6 +399,8 @@ class Follower:
             if metrics is not None:
                 fields["metrics"] = metrics
             Launch.objects.filter(pk=launch.pk).update(**fields)
+            launch.refresh_from_db()
+            stamps.stamp_if_due(launch)
             return
         self.health_failures += 1
         if self.health_failures >= HEALTH_FAILURES_TOLERATED:

@@ -1,0 +1,90 @@
+"""Known-good stamps: a revision that reached ``ready`` on a node and stayed healthy for
+``RANKWISE_KNOWN_GOOD_SECONDS`` is stamped there, with the hardware and the footprint the server
+really had beside the estimate. Stamps are never removed by later failures elsewhere.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.audit import record
+from nodes.choices import LaunchStatus
+from nodes.models import KnownGoodStamp, Launch
+from nodes.services import discovery
+
+
+def due(launch: Launch) -> bool:
+    """Ready, healthy at the last check, and ready for at least the known-good window."""
+    if launch.status != LaunchStatus.READY or launch.ready_at is None:
+        return False
+    window = timedelta(seconds=settings.RANKWISE_KNOWN_GOOD_SECONDS)
+    return timezone.now() >= launch.ready_at + window and launch.health_at is not None
+
+
+def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
+    """Stamp ``launch``'s revision known-good on its node once it is due; at most once per
+    launch. The GPUs' memory is read now (a live probe), less what they held before."""
+    if not due(launch) or KnownGoodStamp.objects.filter(launch=launch).exists():
+        return None
+    node = launch.node
+    gpus = {g.index: g for g in node.gpus.all()}
+    chosen = [gpus[i] for i in launch.gpus if i in gpus]
+    if not chosen:
+        return None
+    try:
+        facts = discovery.probe(node, live=True, timeout=20)
+        used = {g.index: g.memory_used_bytes for g in facts.gpus if g.index in launch.gpus}
+    except ssh.RemoteError:
+        used = {}
+    before = {int(k): int(v) for k, v in (launch.gpu_used_before or {}).items()}
+    numbers = (launch.progress or {}).get("numbers") or {}
+    info = launch.server_info or {}
+    observed: dict[str, Any] = {
+        "gpu_used_bytes": {str(i): max(b - before.get(i, 0), 0) for i, b in used.items()},
+        "host_pool_bytes_per_rank": round(numbers["host_pool_gb"] * 1e9)
+        if numbers.get("host_pool_gb")
+        else None,
+        "max_total_num_tokens": info.get("max_total_num_tokens")
+        or numbers.get("max_total_num_tokens"),
+    }
+    healthy = int((timezone.now() - launch.ready_at).total_seconds()) if launch.ready_at else 0
+    try:
+        with transaction.atomic():
+            stamp = KnownGoodStamp.objects.create(
+                revision=launch.revision,
+                node=node,
+                node_name=node.name,
+                launch=launch,
+                gpu_name=chosen[0].name,
+                gpu_count=len(chosen),
+                gpu_memory_bytes=chosen[0].memory_total_bytes,
+                host_ram_bytes=node.host_ram_bytes,
+                sglang_version=node.sglang_version or launch.revision.sglang_version,
+                launched_by=launch.created_by,
+                stamped_at=timezone.now(),
+                healthy_seconds=healthy,
+                observed=observed,
+                estimate=launch.estimate,
+            )
+    except IntegrityError:
+        return None  # another follower stamped it a moment ago
+    record(
+        "profile.known_good",
+        actor=None,
+        actor_name=launch.created_by,
+        obj=launch.revision.profile,
+        after={
+            "revision": launch.revision.number,
+            "node": node.name,
+            "gpu_class": stamp.gpu_class,
+            "launch": launch.pk,
+            "healthy_seconds": healthy,
+        },
+    )
+    return stamp
