@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -15,11 +16,14 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nodes.choices import Role
+from nodes.domain import remedy
 from nodes.domain.redact import redact_args, redact_env
-from nodes.models import KnownGoodStamp, LaunchProfile, Node
+from nodes.domain.sglang_flags import parse_command
+from nodes.flag_tables import table
+from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision
 from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import role_required
-from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.services.profiles import DEFAULT_VERSION, evaluate, model_facts, save_revision
 from nodes.views import HtmxHttpRequest, _redirect
 
 
@@ -130,8 +134,109 @@ def _initial(profile: LaunchProfile | None) -> dict[str, Any]:
     return data
 
 
+@require_GET
+@role_required(Role.OPERATOR)
+def profile_clone(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Clone a revision to another node: its flags re-validated against the target, and what
+    must change there (the budget engine's suggestion, e.g. the largest --hicache-size that
+    fits) offered as an edit before anything is saved."""
+    profile = get_object_or_404(LaunchProfile, pk=pk)
+    revision = _revision_of(profile, request.GET.get("revision"))
+    target = _node_of(request.GET.get("node"))
+    context: dict[str, Any] = {
+        "profile": profile,
+        "revision": revision,
+        "nodes": Node.objects.exclude(pk=revision.node_id if revision else None),
+        "target": target,
+    }
+    if revision is not None and target is not None:
+        context.update(clone_to(revision, target))
+    return render(request, "nodes/profile_clone.html", context)
+
+
+def clone_to(revision: ProfileRevision, target: Node) -> dict[str, Any]:
+    """The revision's flags checked on ``target``; the budget's suggested changes applied and
+    checked again."""
+    flags = parse_command(list(revision.args), table(target.sglang_version or DEFAULT_VERSION))
+    model = model_facts(target, str(flags.get("model_path", default="") or ""))
+    env = dict(revision.env or {})
+    as_is = evaluate(list(revision.args), target, model, env=env)
+    changes = dict(as_is.suggestion or {})
+    proposed_args = list(revision.args)
+    if changes:
+        try:
+            proposed_args = remedy.with_changes(
+                proposed_args, changes, table(target.sglang_version or DEFAULT_VERSION)
+            )
+        except ValueError:
+            changes = {}
+    proposed = evaluate(proposed_args, target, model, env=env) if changes else as_is
+    rows = []
+    for option, value in changes.items():
+        before = flags.get(option.lstrip("-").replace("-", "_"))
+        rows.append((option, before, value))
+    query = urlencode(
+        {"clone": revision.pk, "node": target.pk, **({"apply": "1"} if changes else {})}
+    )
+    return {
+        "as_is": as_is,
+        "proposed": proposed,
+        "changes": rows,
+        "proposed_command": shlex.join(["python3", "-m", "sglang.launch_server", *proposed_args]),
+        "edit_url": f"{reverse('nodes:profile-create')}?{query}",
+    }
+
+
+def _revision_of(profile: LaunchProfile, number: str | None) -> ProfileRevision | None:
+    if number and number.isdigit():
+        return profile.revisions.filter(number=int(number)).first()
+    return profile.latest()
+
+
+def _node_of(pk: str | None) -> Node | None:
+    return Node.objects.filter(pk=int(pk)).first() if pk and pk.isdigit() else None
+
+
+def _clone_initial(request: HtmxHttpRequest) -> tuple[dict[str, Any], str] | None:
+    """The form's start when it comes from "Clone to another node": the source revision's
+    flags with the target's suggested changes applied (``apply=1``), a new name."""
+    source = (
+        ProfileRevision.objects.select_related("profile")
+        .filter(pk=int(request.GET["clone"]) if request.GET.get("clone", "").isdigit() else -1)
+        .first()
+    )
+    target = _node_of(request.GET.get("node"))
+    if source is None or target is None:
+        return None
+    args = list(source.args)
+    note = f"Cloned from {source} to {target.name}."
+    if request.GET.get("apply") == "1":
+        found = clone_to(source, target)
+        args = shlex.split(found["proposed_command"])[3:]
+        if found["changes"]:
+            shown = ", ".join(f"{o} {v}" for o, _, v in found["changes"])
+            note += f" Proposed for {target.name}: {shown}."
+    env = "".join(shlex.quote(f"{k}={v}") + " " for k, v in sorted(source.env.items()))
+    data, _ = data_from_command(
+        f"{env}python3 -m sglang.launch_server {shlex.join(args)}",
+        {"name": f"{source.profile.name}-{target.name}"[:63], "message": note},
+    )
+    data["node"] = target.pk
+    return data, note
+
+
 def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> HttpResponseBase:
     context: dict[str, Any] = {"profile": profile}
+    if request.method == "GET" and profile is None and request.GET.get("clone"):
+        cloned = _clone_initial(request)
+        if cloned is not None:
+            data, context["clone_note"] = cloned
+            form = ProfileForm({k: v for k, v in data.items() if v not in (None, "")})
+            if form.is_valid():
+                context.update(_checked(form))
+            return render(
+                request, "nodes/profile_form.html", {**context, "form": ProfileForm(initial=data)}
+            )
     if request.method == "GET":
         initial = _initial(profile)
         if profile is not None and initial.get("node"):

@@ -25,6 +25,7 @@ urlpatterns = [
     path("launch-profiles/check/", profile_views.profile_check, name="profile-check"),
     path("launch-profiles/<int:pk>/", profile_views.profile_detail, name="profile-detail"),
     path("launch-profiles/<int:pk>/edit/", profile_views.profile_edit, name="profile-edit"),
+    path("launch-profiles/<int:pk>/clone/", profile_views.profile_clone, name="profile-clone"),
     path("launches/", launch_views.launch_list, name="launch-list"),
     path("launches/new/", launch_views.launch_create, name="launch-create"),
     path("launches/<int:pk>/", launch_views.launch_detail, name="launch-detail"),
