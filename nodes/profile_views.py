@@ -146,7 +146,7 @@ def profile_clone(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context: dict[str, Any] = {
         "profile": profile,
         "revision": revision,
-        "nodes": Node.objects.exclude(pk=revision.node_id if revision else None),
+        "nodes": Node.objects.exclude(pk=revision.node_id or 0) if revision else Node.objects.all(),
         "target": target,
     }
     if revision is not None and target is not None:
