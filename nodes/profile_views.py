@@ -16,7 +16,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nodes.choices import Role
-from nodes.domain import remedy
+from nodes.domain import remedy, revision_diff
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
@@ -152,6 +152,57 @@ def profile_clone(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     if revision is not None and target is not None:
         context.update(clone_to(revision, target))
     return render(request, "nodes/profile_clone.html", context)
+
+
+@require_GET
+@login_required
+def profile_diff(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """Two revisions side by side: the flags added, removed and changed from ``a`` to ``b``,
+    and each one's budget verdict when it was saved."""
+    profile = get_object_or_404(LaunchProfile, pk=pk)
+    numbers = list(profile.revisions.order_by("number").values_list("number", flat=True))
+    a = _revision_of(profile, request.GET.get("a") or str(numbers[-2] if len(numbers) > 1 else 0))
+    b = _revision_of(profile, request.GET.get("b"))
+    context: dict[str, Any] = {"profile": profile, "numbers": numbers, "a": a, "b": b}
+    if a is not None and b is not None:
+        version = table(b.sglang_version or DEFAULT_VERSION)
+        context["changes"] = revision_diff.diff(a.args, b.args, version, a.env, b.env)
+    return render(request, "nodes/profile_diff.html", context)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpResponseBase:
+    """A new revision equal to revision ``number`` (flags and environment), checked again on
+    its node before it is saved."""
+    profile = get_object_or_404(LaunchProfile, pk=pk)
+    old = get_object_or_404(ProfileRevision, profile=profile, number=number)
+    latest = profile.latest()
+    node = old.node or (latest.node if latest is not None else None)
+    if node is None:
+        messages.error(request, f"{old} names no node to check it on; edit it instead.")
+        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+    flags = parse_command(list(old.args), table(node.sglang_version or DEFAULT_VERSION))
+    model = model_facts(node, str(flags.get("model_path", default="") or ""))
+    report = evaluate(list(old.args), node, model, env=dict(old.env or {}))
+    try:
+        revision = save_revision(
+            profile_name=profile.name,
+            args=list(old.args),
+            env=dict(old.env or {}),
+            message=f"Revert to @{old.number}",
+            node=node,
+            report=report,
+            model=model,
+            actor=request.user,
+            request=request,
+        )
+    except ValueError:
+        blocks = "; ".join(m.text for m in report.messages if m.level == "block")
+        messages.error(request, f"@{old.number} is blocked on {node.name} now: {blocks}")
+    else:
+        messages.success(request, f"Saved {revision}: equal to @{old.number} ({report.verdict}).")
+    return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
 def clone_to(revision: ProfileRevision, target: Node) -> dict[str, Any]:

@@ -26,6 +26,12 @@ urlpatterns = [
     path("launch-profiles/<int:pk>/", profile_views.profile_detail, name="profile-detail"),
     path("launch-profiles/<int:pk>/edit/", profile_views.profile_edit, name="profile-edit"),
     path("launch-profiles/<int:pk>/clone/", profile_views.profile_clone, name="profile-clone"),
+    path("launch-profiles/<int:pk>/diff/", profile_views.profile_diff, name="profile-diff"),
+    path(
+        "launch-profiles/<int:pk>/revisions/<int:number>/revert/",
+        profile_views.profile_revert,
+        name="profile-revert",
+    ),
     path("launches/", launch_views.launch_list, name="launch-list"),
     path("launches/new/", launch_views.launch_create, name="launch-create"),
     path("launches/<int:pk>/", launch_views.launch_detail, name="launch-detail"),

@@ -78,3 +78,31 @@ def test_an_unknown_revision_or_node_explains_itself(operator_client, revision):
     assert "This profile has no such revision." in page
     page = operator_client.get(url, {"node": "x"}).content.decode()
     assert "Target node" in page and "What must change" not in page
+
+
+def test_diff_between_any_two_revisions_and_revert_makes_a_new_equal_one(operator_client, revision):
+    ProfileRevision.objects.create(
+        profile=revision.profile, number=2, args=[*ARGS[:-1], "300", "--trust-remote-code"],
+        env={"HF_TOKEN": "hf_x"}, author="olga", node=revision.node, verdict="block",
+        report={"lines": [], "messages": [{"level": "block", "code": "host", "text": "2400 GB"}]},
+    )  # fmt: skip
+    url = reverse("nodes:profile-diff", args=[revision.profile_id])
+    page = operator_client.get(url, {"a": 1, "b": 2}).content.decode()
+    assert '<tr class="diff-changed"><td class="mono">--hicache-size</td>' in page
+    assert '<td class="mono">37</td><td class="mono">300</td>' in page
+    assert '<tr class="diff-added"><td class="mono">--trust-remote-code</td>' in page
+    assert "env HF_TOKEN" in page and "hf_x" not in page
+    assert "block: 2400 GB" in page and "badge-ok" in page
+
+    revert = reverse("nodes:profile-revert", args=[revision.profile_id, 1])
+    operator_client.post(revert)
+    newest = revision.profile.latest()
+    assert newest.number == 3 and newest.args == ARGS and newest.message == "Revert to @1"
+    assert ProfileRevision.objects.get(number=1).args == ARGS  # the old one is untouched
+    same = operator_client.get(url, {"a": 1, "b": 3}).content.decode()
+    assert "run the same flags and environment" in same
+
+
+def test_viewers_cannot_revert(viewer_client, revision):
+    response = viewer_client.post(reverse("nodes:profile-revert", args=[revision.profile_id, 1]))
+    assert response.status_code == 403 and ProfileRevision.objects.count() == 1
