@@ -57,6 +57,7 @@ INSTALLED_APPS = [
     "django.contrib.humanize",
     "django_htmx",
     "template_partials",
+    "ninja",  # the API's docs page uses its Swagger UI static files, not a CDN
     "nodes",
 ]
 

@@ -1,10 +1,12 @@
-"""Root URLconf: authentication, support admin, and the nodes app."""
+"""Root URLconf: authentication, support admin, the JSON API, and the nodes app."""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
+
+from nodes.api import api
 
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
@@ -16,5 +18,6 @@ urlpatterns = [
         name="password_change_done",
     ),
     path("admin/", admin.site.urls),
+    path("api/", api.urls),
     path("", include("nodes.urls")),
 ]

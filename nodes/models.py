@@ -479,3 +479,23 @@ class KnownGoodStamp(models.Model):
     def gpu_class(self) -> str:
         """``8 × NVIDIA H200 (96 GiB)``: what "known-good on this GPU class" compares."""
         return f"{self.gpu_count} × {self.gpu_name} ({round(self.gpu_memory_bytes / 2**30)} GiB)"
+
+
+class ApiToken(models.Model):
+    """A user's token for the JSON API: only its SHA-256 is kept (the token is shown once)."""
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_tokens"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=12, help_text="The token's first characters, to tell it.")
+    digest = models.CharField(max_length=64, unique=True)
+    created = models.DateTimeField(auto_now_add=True)
+    last_used = models.DateTimeField(null=True, blank=True)
+    revoked = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes import cleanup_views, launch_views, profile_views, views
+from nodes import cleanup_views, launch_views, profile_views, token_views, views
 
 app_name = "nodes"
 
@@ -46,4 +46,6 @@ urlpatterns = [
     path("nodes/<int:pk>/cleanup/", cleanup_views.node_cleanup, name="node-cleanup"),
     path("cleanups/<int:pk>/", cleanup_views.cleanup_detail, name="cleanup-detail"),
     path("audit/", views.audit_list, name="audit-list"),
+    path("account/tokens/", token_views.token_list, name="token-list"),
+    path("account/tokens/<int:pk>/revoke/", token_views.token_revoke, name="token-revoke"),
 ]

@@ -1,0 +1,102 @@
+"""Launches: list, start, one, its log after a sequence number, stop."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from kombu.exceptions import OperationalError
+from ninja import Query, Router, Schema, Status
+from ninja.errors import HttpError
+from redis.exceptions import RedisError
+
+from nodes.api.auth import require
+from nodes.api.nodes import named
+from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
+from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
+from nodes.models import Launch
+from nodes.services import diagnoses, launches
+from nodes.tasks import stop_launch
+
+router = Router(tags=["launches"])
+LOG_BATCH = 1000
+
+
+class LaunchFilter(Schema):
+    status: LaunchStatus | None = None
+    node: str | None = None
+
+
+def launch_json(launch: Launch) -> dict[str, Any]:
+    return {
+        **launch.summary(),
+        "checks": launch.checks or [],
+        "diagnosis": diagnoses.stored(launch),
+    }
+
+
+@router.get("", response={200: list[LaunchOut], **READ_ERRORS})
+def list_launches(request: HttpRequest, filters: Query[LaunchFilter]) -> Any:
+    rows = Launch.objects.select_related("node", "revision__profile")
+    if filters.status:
+        rows = rows.filter(status=filters.status)
+    if filters.node:
+        rows = rows.filter(node=named(filters.node))
+    return [launch_json(launch) for launch in rows[:200]]
+
+
+@router.post("", response={202: LaunchOut, **ERRORS})
+def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
+    """Launch a profile revision (``name@N``, or ``name`` for its latest) or a ``command`` line
+    on ``node``; pre-flight runs on the node next (``status`` moves from ``pending``)."""
+    require(request, Role.OPERATOR)
+    node = named(body.node)
+    if bool(body.profile) == bool(body.command):
+        raise HttpError(400, "give a profile or a command, not both")
+    try:
+        revision = launches.resolve_profile(body.profile) if body.profile else None
+        launch = launches.submit(
+            node=node,
+            revision=revision,
+            command=body.command,
+            gpus=body.gpus,
+            overrides=body.overrides,
+            timeout_s=body.timeout_s,
+            port=body.port,
+            actor=request.user,
+            request=request,
+        )
+    except launches.LaunchInputError as exc:
+        raise HttpError(400, str(exc)) from None
+    return Status(202, launch_json(launch))
+
+
+@router.get("/{launch_id}", response={200: LaunchOut, **READ_ERRORS})
+def get_launch(request: HttpRequest, launch_id: int) -> Any:
+    return launch_json(get_object_or_404(Launch, pk=launch_id))
+
+
+@router.get("/{launch_id}/log", response={200: LogOut, **READ_ERRORS})
+def launch_log(request: HttpRequest, launch_id: int, after: int = 0) -> Any:
+    """Stored log lines after sequence number ``after`` (at most 1,000 per call)."""
+    launch = get_object_or_404(Launch, pk=launch_id)
+    rows = launch.lines.filter(seq__gt=max(after, 0)).values_list("seq", "text")[:LOG_BATCH]
+    return {
+        "lines": list(rows),
+        "last_seq": launch.last_seq,
+        "ended": launch.status in LAUNCH_ENDED and launch.log_complete,
+    }
+
+
+@router.post("/{launch_id}/stop", response={202: Accepted, 503: dict[str, str], **ERRORS})
+def stop(request: HttpRequest, launch_id: int) -> Any:
+    require(request, Role.OPERATOR)
+    launch = get_object_or_404(Launch, pk=launch_id)
+    if launch.status in LAUNCH_ENDED:
+        return Status(202, {"detail": f"launch #{launch.pk} already ended ({launch.status})"})
+    try:
+        stop_launch.delay(launch.pk, request.user.pk)
+    except (OperationalError, RedisError):
+        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was stopped"})
+    return Status(202, {"detail": f"stopping launch #{launch.pk}", "id": launch.pk})

@@ -1,0 +1,118 @@
+"""Nodes: list, one, discover; their GPUs' holders; a cleanup of their GPUs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest
+from django.shortcuts import get_object_or_404
+from kombu.exceptions import OperationalError
+from ninja import Router, Status
+from ninja.errors import HttpError
+from redis.exceptions import RedisError
+
+from nodes import ssh
+from nodes.api.auth import require
+from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, NodeOut
+from nodes.audit import record
+from nodes.choices import Role
+from nodes.models import Launch, Node
+from nodes.services import cleanup
+from nodes.tasks import cleanup_gpus, discover_node
+
+router = Router(tags=["nodes"])
+
+
+def node_json(node: Node) -> dict[str, Any]:
+    return {
+        "id": node.pk,
+        "name": node.name,
+        "host": node.host,
+        "status": node.status,
+        "status_reason": node.status_reason,
+        "sglang_version": node.sglang_version,
+        "host_ram_bytes": node.host_ram_bytes,
+        "mem_available_bytes": node.mem_available_bytes,
+        "last_seen": node.last_seen,
+        "gpus": [
+            {
+                "index": g.index,
+                "name": g.name,
+                "memory_total_bytes": g.memory_total_bytes,
+                "memory_used_bytes": g.memory_used_bytes,
+            }
+            for g in node.gpus.all()
+        ],
+    }
+
+
+def named(name: str) -> Node:
+    if "\x00" in name:
+        raise HttpError(404, "no such node")
+    return get_object_or_404(Node.objects.prefetch_related("gpus"), name=name)
+
+
+@router.get("", response={200: list[NodeOut], **READ_ERRORS})
+def list_nodes(request: HttpRequest) -> Any:
+    return [node_json(n) for n in Node.objects.prefetch_related("gpus")]
+
+
+@router.get("/{name}", response={200: NodeOut, **READ_ERRORS})
+def get_node(request: HttpRequest, name: str) -> Any:
+    return node_json(named(name))
+
+
+@router.post("/{name}/discover", response={202: Accepted, **ERRORS})
+def discover(request: HttpRequest, name: str) -> Any:
+    """Queue a discovery of the node (GPUs, RAM, SGLang version) over SSH."""
+    require(request, Role.OPERATOR)
+    node = named(name)
+    if not node.host_key:
+        raise HttpError(400, f"trust {node.name}'s host key first")
+    try:
+        task = discover_node.delay(node.pk)
+    except (OperationalError, RedisError):
+        raise HttpError(503, "the task queue (Redis) is unreachable") from None
+    record("node.discover", actor=request.user, obj=node, request=request)
+    return Status(202, {"detail": f"discovery of {node.name} queued", "id": task.id})
+
+
+@router.get("/{name}/gpus", response={200: dict[str, Any], 502: dict[str, str], **READ_ERRORS})
+def gpu_holders(request: HttpRequest, name: str) -> Any:
+    """The node's GPUs now: state (free/held/quarantined), memory, holders, host memory."""
+    node = named(name)
+    try:
+        return cleanup.inspect(node).to_json()
+    except ssh.RemoteError as exc:
+        return Status(502, {"detail": f"{node.name}: {exc.message}"})
+
+
+@router.post("/{name}/cleanup", response={202: Accepted, 503: dict[str, str], **ERRORS})
+def run_cleanup(request: HttpRequest, name: str, body: CleanupIn) -> Any:
+    """Queue a cleanup of the node's GPUs; ``include_foreign`` names other holders (by PID)
+    that may be killed. Follow it at ``/api/cleanups/{id}``."""
+    require(request, Role.OPERATOR)
+    node = named(name)
+    launch = None
+    if body.launch is not None:
+        launch = Launch.objects.filter(pk=body.launch).first()
+        if launch is None:
+            raise HttpError(404, f"no launch #{body.launch}")
+    if any(p < 2 for p in body.include_foreign):
+        raise HttpError(400, "include_foreign: process ids are 2 or more")
+    try:
+        job = cleanup.request(
+            node,
+            actor=request.user,
+            launch=launch,
+            gpus=body.gpus,
+            foreign_pids=body.include_foreign,
+        )
+    except cleanup.CleanupError as exc:
+        raise HttpError(400, str(exc)) from None
+    try:
+        cleanup_gpus.delay(job.pk)
+    except (OperationalError, RedisError):
+        job.delete()
+        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was done"})
+    return Status(202, {"detail": f"cleanup #{job.pk} queued", "id": job.pk})
