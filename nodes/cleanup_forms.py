@@ -39,7 +39,7 @@ class CleanupForm(forms.Form):
         foreign = cast(forms.ChoiceField, self.fields["foreign"])
         gpus.choices = [(i, f"GPU {i}") for i in gpu_indexes]
         foreign.choices = [
-            (h.pid, f"PID {h.pid} (user process, GPU {','.join(map(str, h.gpus))}): {h.command}")
+            (h.pid, f"PID {h.pid} ({_owner(h)}, GPU {','.join(map(str, h.gpus))}): {h.command}")
             for h in others
         ]
         if not others:
@@ -53,3 +53,7 @@ class CleanupForm(forms.Form):
                 "confirm_foreign", "Confirm separately that the ticked processes may be killed."
             )
         return data
+
+
+def _owner(holder: Holder) -> str:
+    return f"launch #{holder.launch_id}'s process" if holder.launch_id else "not Rankwise's"

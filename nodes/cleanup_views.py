@@ -6,7 +6,7 @@ from typing import Any
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse, HttpResponseBase
+from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
@@ -37,10 +37,14 @@ def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 
 
 def _launch_of(request: HtmxHttpRequest, node: Node) -> Launch | None:
+    """The launch the cleanup is about, if the page names one; 404 for one not on this node."""
     text = request.GET.get("launch") or request.POST.get("launch") or ""
-    if not text.isdigit():
+    if not text:
         return None
-    return Launch.objects.filter(pk=int(text), node=node).first()
+    launch = Launch.objects.filter(pk=int(text), node=node).first() if text.isdigit() else None
+    if launch is None:
+        raise Http404(f"no launch {text[:20]!r} on {node.name}")
+    return launch
 
 
 @require_http_methods(["GET", "POST"])

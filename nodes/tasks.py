@@ -70,7 +70,7 @@ def stop_launch(launch_id: int, actor_id: int | None = None) -> dict[str, Any]:
     }
 
 
-@shared_task(name="nodes.cleanup_gpus", soft_time_limit=600, time_limit=660)
+@shared_task(name="nodes.cleanup_gpus", soft_time_limit=1800, time_limit=1860)
 def cleanup_gpus(cleanup_id: int) -> str:
     """Run a recorded GPU cleanup; its verdict."""
     return cleanup.run(cleanup_id).message
@@ -78,7 +78,9 @@ def cleanup_gpus(cleanup_id: int) -> str:
 
 @shared_task(name="nodes.reconcile_launches", soft_time_limit=60, time_limit=90, expires=60)
 def reconcile_launches() -> int:
-    """Re-adopt launches whose worker died; returns how many were handed to a new one."""
+    """Re-adopt launches whose worker died; returns how many were handed to a new one. Also
+    ends cleanups whose worker died mid-way."""
+    cleanup.expire_stale()
     return launches.reconcile()
 
 

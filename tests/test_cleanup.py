@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import json
 import time
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
 from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, Cleanup, GpuQuarantine, Launch, Reservation
@@ -118,7 +120,8 @@ def test_a_foreign_holder_survives_a_cleanup_that_did_not_name_it(spare, setting
             settings, "cleanup", "spare", "--gpus", "1", "--include-foreign", str(pid), "--yes"
         )
         assert code == 0 and doc["gpus"][0]["state"] == "free", doc
-        assert doc["steps"][4]["command"].startswith(f"kill -TERM {pid}")
+        # It left on SIGTERM: no SIGKILL goes to a PID that may be someone else's by now.
+        assert doc["steps"][4]["command"] == f"kill -TERM {pid}"
         assert str(pid) not in spare.sim.ok("ps -eo pid=").split()
     finally:
         simfleet("release", "spare", "--state", spare.sim.state)
@@ -133,6 +136,12 @@ def test_the_cli_refuses_without_confirmation_and_bad_input_changes_nothing(spar
     assert done.returncode == 2 and "not a process id" in done.stderr
     done = manage_py(settings, "gpus", "nowhere")
     assert done.returncode == 2 and "no node named 'nowhere'" in done.stderr
+    done = manage_py(settings, "cleanup", "spare", "--gpus", "", "--yes")
+    assert done.returncode == 2 and "--gpus is empty" in done.stderr
+    done = manage_py(settings, "cleanup", "spare", "--include-foreign", "٣", "--yes")
+    assert done.returncode == 2 and "not a process id" in done.stderr
+    done = manage_py(settings, "cleanup", "spare", "--yes", "--actor", "nobody")
+    assert done.returncode == 2 and "no user named 'nobody'" in done.stderr
     assert not Cleanup.objects.exists()
 
 
@@ -219,6 +228,7 @@ def test_a_launch_group_id_reused_by_another_process_is_left_alone(spare, olga):
         created_by="olga",
         startup_timeout_s=60,
         status=LaunchStatus.STOPPED,
+        ended=timezone.now() - timedelta(hours=1),
     )
     folder = f"/root/.rankwise/launches/{launch.pk}-old"
     spare.sim.ok(
@@ -234,3 +244,23 @@ def test_a_launch_group_id_reused_by_another_process_is_left_alone(spare, olga):
         assert str(other) in spare.sim.ok("ps -eo pid=").split()
     finally:
         spare.sim.ok(f"kill {other}; rm -rf {folder}")
+
+
+def test_a_node_lost_mid_cleanup_ends_it_in_error_without_acting_on_old_readings(
+    spare, olga, monkeypatch
+):
+    real, calls = cleanup.inspect, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        if len(calls) > 1:
+            raise cleanup.ssh.RemoteError("unreachable", "no route to host")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(cleanup, "inspect", flaky)
+    job = cleanup.request(spare, actor=olga, gpus=[0, 1])
+    done = cleanup.run(job.pk)
+    assert done.status == "error" and "stopped answering after step f" in done.message
+    assert [s.key for s in done.steps.all()] == list("abcdef")
+    assert done.steps.get(key="f").outcome == "failed" and done.result is None
+    assert not GpuQuarantine.objects.exists()

@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 
 from nodes import ssh
 from nodes.api.auth import require
-from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, NodeOut
+from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, Error, NodeOut
 from nodes.audit import record
 from nodes.choices import Role
 from nodes.models import Launch, Node
@@ -77,14 +77,15 @@ def discover(request: HttpRequest, name: str) -> Any:
     return Status(202, {"detail": f"discovery of {node.name} queued", "id": task.id})
 
 
-@router.get("/{name}/gpus", response={200: dict[str, Any], 502: dict[str, str], **READ_ERRORS})
+@router.get("/{name}/gpus", response={200: dict[str, Any], 409: Error, **READ_ERRORS})
 def gpu_holders(request: HttpRequest, name: str) -> Any:
-    """The node's GPUs now: state (free/held/quarantined), memory, holders, host memory."""
+    """The node's GPUs now: state (free/held/quarantined), memory, holders, host memory.
+    409 when the node cannot be read (unreachable, host key not trusted)."""
     node = named(name)
     try:
         return cleanup.inspect(node).to_json()
     except ssh.RemoteError as exc:
-        return Status(502, {"detail": f"{node.name}: {exc.message}"})
+        return Status(409, {"detail": f"{node.name} did not answer: {exc.message}"})
 
 
 @router.post("/{name}/cleanup", response={202: Accepted, 503: dict[str, str], **ERRORS})

@@ -38,6 +38,13 @@ class Holder:
     used_bytes: dict[int, int] = field(default_factory=dict)
     launch_id: int | None = None
     seen_by: list[str] = field(default_factory=list)  # "nvml", "device files", "launch group"
+    start: int | None = None  # start time in clock ticks: with the PID, which process it is
+
+    @property
+    def target(self) -> str:
+        """How a signal names exactly this process (``PID@START``): a PID reused since it was
+        read is not the same target."""
+        return f"{self.pid}@{self.start}" if self.start is not None else str(self.pid)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -81,13 +88,19 @@ def holders(
     processes: Iterable[Mapping[str, Any]],
     gpus: Iterable[Mapping[str, Any]],
     launch_groups: Mapping[int, int],
+    ended_groups: Mapping[int, tuple[int, float | None]] | None = None,
 ) -> list[Holder]:
     """Every process holding a GPU or belonging to a launch, merged by PID.
 
     ``processes``: the node's processes with open NVIDIA devices or launch membership
     (``gpuctl inspect``: pid, ppid, state, pgid, sid, command, elapsed_s, devices,
     launch_marker); ``gpus``: NVML's view (index, processes with pid and used_memory_bytes);
-    ``launch_groups``: process group (= session) id → Rankwise launch id.
+    ``launch_groups``: process group (= session) id → Rankwise launch id, for groups whose
+    leader is still the launch's supervisor; ``ended_groups``: group id → (launch id, when the
+    panel saw the launch end, epoch seconds) for groups whose leader is gone. A process in such
+    a group whose marker cannot be read (D state) counts as the launch's only if it started
+    before the launch ended: a group id is reused only after every member of the old group is
+    gone.
     """
     found: dict[int, Holder] = {}
     for p in processes:
@@ -99,12 +112,18 @@ def holders(
         holder.command = str(p.get("command") or "")
         holder.pgid, holder.sid = _int(p.get("pgid")), _int(p.get("sid"))
         holder.elapsed_s = p.get("elapsed_s")
+        holder.start = _int(p.get("start"))
         devices = [int(d) for d in p.get("devices") or [] if str(d).isdigit()]
         if devices:
             holder.seen_by.append("device files")
         holder.gpus = sorted(set(holder.gpus) | set(devices))
         marker = _int(p.get("launch_marker"))
         group = launch_groups.get(holder.pgid or -1) or launch_groups.get(holder.sid or -1)
+        old = (ended_groups or {}).get(holder.pgid or -1)
+        started = p.get("started_at")
+        if group is None and marker is None and old is not None and isinstance(started, float):
+            launch, ended = old
+            group = launch if ended is not None and started < ended else None
         holder.launch_id = marker or group
         if group and not devices:
             holder.seen_by.append("launch group")

@@ -51,8 +51,11 @@ def process(pid: int, uptime: float | None = None) -> dict[str, Any] | None:
         return None
     name = raw[raw.index("(") + 1 : raw.rindex(")")]
     fields = raw[raw.rindex(")") + 2 :].split()
-    cmdline = _read(f"/proc/{pid}/cmdline", "rb") or b""
-    environ = _read(f"/proc/{pid}/environ", "rb") or b""
+    # Reading the command line or environment of a process in D state can block on its memory
+    # map (the way ``ps`` hangs): for those only the name from ``stat`` is read.
+    stuck = fields[0] == "D"
+    cmdline = b"" if stuck else _read(f"/proc/{pid}/cmdline", "rb") or b""
+    environ = b"" if stuck else _read(f"/proc/{pid}/environ", "rb") or b""
     launch = None
     for item in environ.split(b"\0"):
         if item.startswith(MARKER):
@@ -72,7 +75,16 @@ def process(pid: int, uptime: float | None = None) -> dict[str, Any] | None:
         "elapsed_s": round((uptime if uptime is not None else _uptime()) - started, 1),
         "uid": uid,
         "launch_marker": launch,
+        "start": int(fields[19]),  # clock ticks after boot: with the PID, who this process is
+        "started_at": round(_boot_time() + int(fields[19]) / os.sysconf("SC_CLK_TCK"), 1),
     }
+
+
+def _boot_time() -> float:
+    for line in (_read("/proc/stat") or "").splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0
 
 
 def _devices(pid: int) -> list[str]:
@@ -139,7 +151,7 @@ def shm_files() -> list[dict[str, Any]]:
 def inspect(pgids: list[int]) -> dict[str, Any]:
     uptime = _uptime()
     folders = launch_folders()
-    groups = set(pgids) | {f["pgid"] for f in folders if f["pgid"] and f["leader_alive"]}
+    groups = set(pgids) | {f["pgid"] for f in folders if f["pgid"]}
     holders = []
     for pid in _pids():
         if pid == os.getpid():
@@ -167,29 +179,55 @@ def _alive(pid: int) -> dict[str, Any] | None:
     return info if info is not None and info["state"] not in ("Z", "X") else None
 
 
+def _target(text: str) -> tuple[int, int | None]:
+    """``PID``, ``-PGID`` or ``PID@START`` (the process's start time in clock ticks)."""
+    number, _, start = text.partition("@")
+    return int(number), int(start) if start else None
+
+
+def _same(pid: int, start: int | None) -> dict[str, Any] | None:
+    """The live process ``pid`` if it is still the one that started at ``start``."""
+    info = _alive(pid)
+    if info is None or (start is not None and info["start"] != start):
+        return None
+    return info
+
+
 def send(sig_name: str, wait: float, targets: list[str]) -> dict[str, Any]:
+    """Signal each target that is still the process it names (a PID reused by another process
+    since it was read is left alone), then wait for them."""
     sig = {"TERM": signal.SIGTERM, "KILL": signal.SIGKILL}[sig_name]
-    sent, errors, watched = [], [], set()
+    sent, errors, watched = [], [], {}
     for target in targets:
-        number = int(target)
+        number, start = _target(target)
         try:
             if number < 0:
+                members = {p: process(p) for p in _pids()}
                 os.killpg(-number, sig)
-                watched |= {p for p in _pids() if (process(p) or {}).get("pgid") == -number}
+                watched.update(
+                    {p: i["start"] for p, i in members.items() if i and i["pgid"] == -number}
+                )
+            elif _same(number, start) is None:
+                errors.append(f"{number}: gone, or no longer the process that was read")
+                continue
             else:
                 os.kill(number, sig)
-                watched.add(number)
-            sent.append(target)
+                watched[number] = start
+            sent.append(str(number))
         except ProcessLookupError:
-            errors.append(f"{target}: no such process")
+            errors.append(f"{number}: no such process")
         except PermissionError:
-            errors.append(f"{target}: not permitted (another user's process)")
+            errors.append(f"{number}: not permitted (another user's process)")
     deadline = time.monotonic() + wait
-    left = [i for i in map(_alive, sorted(watched)) if i]
-    while left and time.monotonic() < deadline:
+
+    def left() -> list[dict[str, Any]]:
+        return [i for i in (_same(p, s) for p, s in sorted(watched.items())) if i]
+
+    remaining = left()
+    while remaining and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = [i for i in map(_alive, sorted(watched)) if i]
-    return {"signal": f"SIG{sig_name}", "sent": sent, "errors": errors, "remaining": left}
+        remaining = left()
+    return {"signal": f"SIG{sig_name}", "sent": sent, "errors": errors, "remaining": remaining}
 
 
 def reap(wait: float, pids: list[int]) -> dict[str, Any]:

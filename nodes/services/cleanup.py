@@ -15,6 +15,7 @@ import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,10 @@ STEPS = {
 #: Seconds a SIGKILL is given to take effect; a process still there after it (D state) is
 #: reported, not waited on.
 KILL_WAIT_S = 5.0
+
+
+class NodeLost(Exception):
+    """The node stopped answering during a cleanup: what it holds now is unknown."""
 
 
 class CleanupError(ValueError):
@@ -91,11 +96,22 @@ def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
     facts = discovery.probe(node, live=True, timeout=30)
     with ssh.pool.session(target_for(node)) as client:
         raw = gpuctl(client, "inspect")
-    groups = {
-        int(f["pgid"]): int(f["launch_id"])
+    folders = [
+        f
         for f in raw.get("launches") or []
-        if f.get("pgid") and f.get("leader_alive") and str(f.get("launch_id") or "").isdigit()
-    }
+        if f.get("pgid") and str(f.get("launch_id") or "").isdigit()
+    ]
+    groups = {int(f["pgid"]): int(f["launch_id"]) for f in folders if f.get("leader_alive")}
+    ended = dict(
+        Launch.objects.filter(
+            pk__in=[int(f["launch_id"]) for f in folders if not f.get("leader_alive")]
+        ).values_list("pk", "ended")
+    )
+    ended_groups: dict[int, tuple[int, float | None]] = {}
+    for f in folders:
+        when = ended.get(int(f["launch_id"]))
+        if not f.get("leader_alive") and when is not None:
+            ended_groups[int(f["pgid"])] = (int(f["launch_id"]), when.timestamp())
     gpus = [
         {
             "index": g.index,
@@ -108,7 +124,7 @@ def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
         }
         for g in facts.gpus
     ]
-    found = gh.holders(raw.get("processes") or [], gpus, groups)
+    found = gh.holders(raw.get("processes") or [], gpus, groups, ended_groups)
     before = None
     if launch is not None and launch.memory_timeline:
         before = launch.memory_timeline[0].get("host_available_bytes")
@@ -130,6 +146,8 @@ def request(
 ) -> Cleanup:
     """Record a cleanup to run (``run``). The GPUs default to the launch's, else all of the
     node's. Raises ``CleanupError`` for GPUs the node lacks or a launch that still runs."""
+    if not _all_gpus(node):
+        raise CleanupError(f"no GPUs are known on {node.name}: run a discovery first")
     indexes = sorted(set(gpus or (launch.gpus if launch else []) or _all_gpus(node)))
     missing = sorted(set(indexes) - set(_all_gpus(node)))
     if missing:
@@ -188,11 +206,14 @@ class _Run:
             outcome, command, output = act()
         except ssh.RemoteError as exc:
             outcome, command, output = "failed", "", exc.message
+        lost = None
         if outcome not in ("nothing to do", "skipped"):
             try:
                 self.state = inspect(self.node, launch=self.launch)
             except ssh.RemoteError as exc:
+                lost = exc.message
                 output += f"\n(re-reading the node failed: {exc.message})"
+                outcome = "failed"
         self.number += 1
         CleanupStep.objects.create(
             cleanup=self.cleanup,
@@ -203,15 +224,18 @@ class _Run:
             command=command,
             output=output[:20000],
             before=before,
-            after=self.measure(self.state),
+            after=None if lost else self.measure(self.state),
             started=started,
             finished=timezone.now(),
         )
+        if lost is not None:
+            raise NodeLost(f"{self.node.name} stopped answering after step {key}: {lost}")
 
     def signal(self, name: str, wait: float, targets: list[str]) -> tuple[str, str, str]:
+        """Signal ``targets`` (``-PGID``, or ``PID@START`` so that a reused PID is spared)."""
         with ssh.pool.session(target_for(self.node)) as client:
             answer = gpuctl(client, "signal", name, str(wait), *targets, timeout=wait + 60)
-        command = f"kill -{name} " + " ".join(targets)
+        command = f"kill -{name} " + " ".join(t.split("@")[0] for t in targets)
         lines = [f"sent SIG{name} to {', '.join(answer['sent']) or 'nothing'}"]
         lines += answer["errors"]
         for p in answer["remaining"]:
@@ -259,10 +283,11 @@ def run(cleanup_id: int) -> Cleanup:
         return job.signal("KILL", KILL_WAIT_S, [f"-{group}"])
 
     def strays() -> tuple[str, str, str]:
-        pids = plan().strays
+        pids = set(plan().strays)
         if not pids:
             return "nothing to do", "", "no process of the launch outside its group"
-        return job.signal("KILL", KILL_WAIT_S, [str(p) for p in pids])
+        targets = [h.target for h in job.state.holders if h.pid in pids]
+        return job.signal("KILL", KILL_WAIT_S, targets)
 
     def defunct() -> tuple[str, str, str]:
         pids = plan().defunct
@@ -288,16 +313,28 @@ def run(cleanup_id: int) -> Cleanup:
 
     def foreign() -> tuple[str, str, str]:
         targets = plan()
-        left_alone = [f"PID {h.pid} ({h.command}) not named: left alone" for h in targets.untouched]
+        notes = [f"PID {h.pid} ({h.command}) not named: left alone" for h in targets.untouched]
+        holding = {h.pid for h in job.state.holders if set(h.gpus) & set(job.chosen)}
+        notes += [
+            f"PID {p} named, but it holds none of GPU {','.join(map(str, job.chosen))}: not touched"
+            for p in cleanup.foreign_pids
+            if p not in holding
+        ]
         if not targets.foreign:
-            return "nothing to do", "", "\n".join(left_alone) or "no other holder"
-        outcome, command, output = job.signal("TERM", 10.0, [str(p) for p in targets.foreign])
-        remaining = set(targets.foreign) & {h.pid for h in job.state.holders}
-        if outcome != "done" or remaining:
-            job.state = inspect(job.node, launch=launch)
-            _, more, out2 = job.signal("KILL", KILL_WAIT_S, [str(p) for p in targets.foreign])
+            return "nothing to do", "", "\n".join(notes) or "no other holder"
+        named = [h for h in job.state.holders if h.pid in targets.foreign]
+        outcome, command, output = job.signal("TERM", 10.0, [h.target for h in named])
+        # SIGKILL only what a fresh reading still shows as the same process on these GPUs.
+        job.state = inspect(job.node, launch=launch)
+        still = [
+            h
+            for h in job.state.holders
+            if h.target in {n.target for n in named} and h.state not in ("Z", "X")
+        ]
+        if still:
+            _, more, out2 = job.signal("KILL", KILL_WAIT_S, [h.target for h in still])
             command, output = f"{command}; {more}", f"{output}\n{out2}"
-        return "done", command, "\n".join([output, *left_alone])
+        return "done", command, "\n".join([output, *notes])
 
     def reread() -> tuple[str, str, str]:
         lines = []
@@ -357,7 +394,7 @@ def run(cleanup_id: int) -> Cleanup:
         job.state = inspect(job.node, launch=launch)
         return "done", "", "\n".join(lines)
 
-    for key, act in (
+    steps = (
         ("a", sigterm),
         ("b", sigkill),
         ("c", strays),
@@ -366,8 +403,18 @@ def run(cleanup_id: int) -> Cleanup:
         ("f", reread),
         ("g", resets),
         ("h", quarantine),
-    ):
-        job.step(key, act)
+    )
+    try:
+        for key, act in steps:
+            job.step(key, act)
+    except NodeLost as exc:
+        return _end(cleanup, Cleanup.Status.ERROR, f"{exc}; what it holds now is unknown", None)
+    except BaseException as exc:
+        # A time limit or a crash must not leave the cleanup "running" for ever.
+        _end(
+            cleanup, Cleanup.Status.ERROR, f"the cleanup stopped: {type(exc).__name__} {exc}", None
+        )
+        raise
     result = job.state.to_json()
     result["gpus"] = [g for g in result["gpus"] if g["index"] in job.chosen]
     held = [g for g in result["gpus"] if g["state"] == "held"]
@@ -436,6 +483,22 @@ def _end(cleanup: Cleanup, status: str, message: str, result: dict[str, Any] | N
         },
     )
     return cleanup
+
+
+#: A cleanup still "running" after this long lost its worker (the task's own limit is 31 min).
+STALE_AFTER = timedelta(hours=1)
+
+
+def expire_stale() -> int:
+    """End cleanups whose worker died mid-way (``error``); returns how many."""
+    stale = Cleanup.objects.filter(
+        status=Cleanup.Status.RUNNING, created__lt=timezone.now() - STALE_AFTER
+    )
+    count = 0
+    for job in stale:
+        _end(job, Cleanup.Status.ERROR, "the worker running this cleanup went away", None)
+        count += 1
+    return count
 
 
 def lift_quarantines(node: Node, gpus: list[dict[str, Any]]) -> list[int]:

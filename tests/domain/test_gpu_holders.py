@@ -99,3 +99,12 @@ def test_host_memory_that_did_not_come_back():
     )
     assert host["not_returned_bytes"] == 340 * 10**9 and host["shm_bytes"] == 4096
     assert host["mlocked_bytes"] == 300 * 10**9
+
+
+def test_a_group_whose_leader_is_gone_counts_only_for_processes_from_before_the_launch_ended():
+    stuck = proc(70, pgid=50, state="D")
+    stuck["started_at"] = 1000.0
+    newcomer = proc(71, pgid=50)
+    newcomer["started_at"] = 5000.0  # a process of a group that reused the id later
+    found = gh.holders([stuck, newcomer], [], {}, {50: (9, 2000.0)})
+    assert {h.pid: h.launch_id for h in found} == {70: 9, 71: None}

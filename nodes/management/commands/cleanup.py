@@ -10,6 +10,7 @@ processes holding the GPUs that may be killed; without ``--yes`` the command ask
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
@@ -40,7 +41,10 @@ class Command(OneLineCommand):
         add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        actor = resolve_actor(options["actor"], Role.OPERATOR)
+        try:
+            actor = resolve_actor(options["actor"], Role.OPERATOR)
+        except CommandError as exc:
+            raise CommandError(str(exc), returncode=2) from None
         node = Node.objects.filter(name=options["node"]).first()
         if node is None:
             raise CommandError(f"no node named {options['node']!r}", returncode=2)
@@ -50,6 +54,8 @@ class Command(OneLineCommand):
             if launch is None:
                 raise CommandError(f"no launch #{options['launch']}", returncode=2)
         try:
+            if options["gpus"] is not None and not options["gpus"].strip():
+                raise ValueError("--gpus is empty: name GPU indexes, or leave the option out")
             gpus = parse_gpu_list(options["gpus"]) if options["gpus"] else None
             foreign = _pids(options["include_foreign"])
         except (PlanError, ValueError) as exc:
@@ -108,13 +114,20 @@ class Command(OneLineCommand):
             found = cleanup.inspect(node, launch=launch)
         except ssh.RemoteError as exc:
             raise CommandError(f"{node.name}: {exc.message}") from None
-        what = f"launch #{launch.pk}'s processes and " if launch else ""
-        self.stdout.write(f"This ends {what}recovers GPU {gpus or 'all'} on {node.name}.")
-        holders = {h.pid: h for h in found.holders}
+        chosen = gpus or (launch.gpus if launch else [g.index for g in found.gpus])
+        self.stdout.write(f"Cleanup of GPU {','.join(map(str, chosen))} on {node.name}:")
+        if launch is not None:
+            own = [h for h in found.holders if h.launch_id == launch.pk]
+            self.stdout.write(f"  ends launch #{launch.pk}'s processes ({len(own)} now):")
+            for h in own:
+                self.stdout.write(f"    PID {h.pid} ({h.state}): {h.command}")
+        holders = {h.pid: h for h in found.holders if set(h.gpus) & set(chosen)}
         for pid in foreign:
             holder = holders.get(pid)
-            shown = holder.command if holder else "(not holding these GPUs now)"
-            self.stdout.write(f"  and kills PID {pid}: {shown}")
+            if holder is None:
+                self.stdout.write(f"  PID {pid} holds none of these GPUs: it will not be touched")
+            else:
+                self.stdout.write(f"  kills PID {pid} (not this launch's): {holder.command}")
         if input("Go on? [y/N] ").strip().lower() not in ("y", "yes"):
             raise CommandError("nothing done", returncode=2)
 
@@ -122,7 +135,7 @@ class Command(OneLineCommand):
 def _pids(text: str) -> list[int]:
     pids = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        if not part.isdigit() or int(part) < 2:
+        if not re.fullmatch(r"[0-9]{1,10}", part) or int(part) < 2:
             raise ValueError(f"--include-foreign: {part!r} is not a process id")
         pids.append(int(part))
     return pids

@@ -30,7 +30,10 @@ class Command(OneLineCommand):
         add_actor_argument(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        resolve_actor(options["actor"], Role.VIEWER)
+        try:
+            resolve_actor(options["actor"], Role.VIEWER)
+        except CommandError as exc:
+            raise CommandError(str(exc), returncode=2) from None
         node = Node.objects.filter(name=options["node"]).first()
         if node is None:
             raise CommandError(f"no node named {options['node']!r}", returncode=2)
