@@ -67,6 +67,10 @@ def test_leaked_memory_is_reset_then_quarantined_refused_and_freed_by_a_reboot(
     assert steps["h"]["before"]["gpus"]["0"]["orphaned_bytes"] > 10 * 2**30
     assert "150 GB less than before the launch" in steps["f"]["output"]
     assert "reboot" in doc["message"]
+    # The cleanup's reading is the bundle's latest snapshot: the question is now the leak.
+    diagnosis = Launch.objects.get(pk=launch.pk).diagnosis
+    assert diagnosis["category"] == "leaked-gpu-memory", diagnosis
+    assert "host-oom-hicache" in diagnosis["secondary_categories"]
     entry = AuditEntry.objects.get(action="node.cleanup")
     assert entry.actor_name == "cli" and entry.after["launch"] == launch.pk
     assert not Reservation.objects.filter(launch=launch).exists()

@@ -51,6 +51,9 @@ def facts_of(launch: Launch) -> dict[str, object]:
         if launch.reason:
             after["notes"] = [f"panel: {launch.reason}", *after.get("notes", [])]
         snapshots.append(after)
+    cleaned = launch.cleanups.exclude(result=None).order_by("-created").first()
+    if cleaned is not None:
+        snapshots.append(cleanup_snapshot(cleaned.result or {}, cleaned.message))
     return launch_facts(
         engine_version=node.sglang_version or launch.revision.sglang_version or None,
         node={
@@ -81,6 +84,26 @@ def facts_of(launch: Launch) -> dict[str, object]:
             "memory_timeline": launch.memory_timeline,
         },
     )
+
+
+def cleanup_snapshot(result: dict[str, Any], message: str) -> dict[str, Any]:
+    """A cleanup's final reading as the bundle's ``after_cleanup`` snapshot."""
+    host = result.get("host") or {}
+    gpus = result.get("gpus") or []
+    return {
+        "phase": "after_cleanup",
+        "meminfo": {
+            "MemTotal": host.get("mem_total_bytes"),
+            "MemAvailable": host.get("mem_available_bytes"),
+        },
+        "gpus": [{"index": g["index"], "memory_used_bytes": g["memory_used_bytes"]} for g in gpus],
+        "gpu_processes": [
+            {"gpu_index": g["index"], "pid": h["pid"], "name": h["command"]}
+            for g in gpus
+            for h in g.get("holders") or []
+        ],
+        "notes": [f"cleanup: {message}"] if message else [],
+    }
 
 
 def launch_bundle(launch: Launch) -> bytes:

@@ -30,7 +30,7 @@ from nodes.choices import LAUNCH_ENDED
 from nodes.domain import gpu_holders as gh
 from nodes.domain.units import format_bytes
 from nodes.models import Cleanup, CleanupStep, GpuQuarantine, Launch, Node, NodeEvent, Reservation
-from nodes.services import discovery
+from nodes.services import diagnoses, discovery
 from nodes.services.credentials import target_for
 
 GPUCTL = (Path(__file__).resolve().parent.parent / "remote" / "gpuctl.py").read_text()
@@ -464,6 +464,9 @@ def _end(cleanup: Cleanup, status: str, message: str, result: dict[str, Any] | N
     )
     cleanup.refresh_from_db()
     NodeEvent.objects.create(node=cleanup.node, kind="cleanup", message=message)
+    if cleanup.launch_id is not None and result is not None:
+        # The latest snapshot sets the question: what is still wrong after the cleanup.
+        diagnoses.diagnose_launch(cleanup.launch_id)
     record(
         "node.cleanup",
         actor=None,
@@ -502,13 +505,24 @@ def expire_stale() -> int:
 
 
 def lift_quarantines(node: Node, gpus: list[dict[str, Any]]) -> list[int]:
-    """End the quarantine of each GPU a discovery found free (at most ``IDLE_GPU_BYTES`` used,
-    no process): after the node's reboot. Returns the indexes lifted."""
+    """For each GPU a discovery found free (at most ``IDLE_GPU_BYTES`` used, no process), after
+    the node's reboot: end its quarantine, and release it from ended launches that kept it
+    reserved because its memory had not come back. Returns the indexes lifted."""
     free = {
         int(g["index"])
         for g in gpus
         if int(g.get("memory_used_bytes") or 0) <= gh.IDLE_GPU_BYTES and not g.get("processes")
     }
+    kept = Reservation.objects.filter(
+        node=node, kind="gpu", number__in=free, launch__status__in=LAUNCH_ENDED
+    ).select_related("launch")
+    for r in kept:
+        NodeEvent.objects.create(
+            node=node,
+            kind="reservation",
+            message=f"GPU {r.number} released from ended launch #{r.launch_id}: its memory is free",
+        )
+    kept.delete()
     lifted = []
     for q in GpuQuarantine.objects.filter(node=node, lifted_at__isnull=True, index__in=free):
         because = "a discovery found its memory free"

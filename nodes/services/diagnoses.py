@@ -8,7 +8,7 @@ profile revision, re-validated by the budget engine before it is saved.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -53,8 +53,29 @@ def diagnose_launch(launch_id: int) -> Diagnosis | None:
     found = diagnose_bundle(bundles.launch_log_text(launch), bundles.facts_of(launch))
     doc = found.to_json()
     doc["changes"] = remedy.changes_for(found.category, found.numbers, _budget_suggestion(launch))
+    doc["fix_check"] = _fix_check(launch, doc["changes"])
     Launch.objects.filter(pk=launch_id).update(diagnosis=doc, diagnosis_category=found.category)
     return found
+
+
+def _fix_check(launch: Launch, changes: dict[str, Any]) -> dict[str, Any] | None:
+    """The budget's verdict on the flags after ``changes`` (``{"verdict", "blocks"}``), so the
+    page offers only a fix that re-validation accepts."""
+    if not changes:
+        return None
+    try:
+        args = remedy.with_changes(
+            list(launch.revision.args),
+            changes,
+            table(launch.node.sglang_version or DEFAULT_VERSION),
+        )
+    except ValueError as exc:
+        return {"verdict": "block", "blocks": [str(exc)]}
+    report = _evaluate(launch, args)
+    return {
+        "verdict": report.verdict,
+        "blocks": [m.text for m in report.messages if m.level == "block"],
+    }
 
 
 def _budget_suggestion(launch: Launch) -> dict[str, Any] | None:
@@ -65,10 +86,25 @@ def _budget_suggestion(launch: Launch) -> dict[str, Any] | None:
 
 
 def _evaluate(launch: Launch, args: list[str]) -> BudgetReport:
+    """The budget of ``args`` on the launch's node as it was before the launch: what a failure
+    left held (leaked GPU memory, pinned host pages) is not room the fix can count on."""
     node = launch.node
     flags = parse_command(args, table(node.sglang_version or DEFAULT_VERSION))
     model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
-    return profiles.evaluate(args, node, model, env=dict(launch.revision.env or {}))
+    memory = profiles.node_memory(node)
+    first = (launch.memory_timeline or [{}])[0]
+    before = {int(k): int(v) for k, v in (launch.gpu_used_before or {}).items()}
+    indexes = list(node.gpus.values_list("index", flat=True))
+    memory = replace(
+        memory,
+        mem_available_bytes=first.get("host_available_bytes") or memory.mem_available_bytes,
+        gpu_used_bytes=tuple(
+            before.get(i, used)
+            for i, used in zip(indexes, memory.gpu_used_bytes or (0,) * len(indexes), strict=False)
+        )
+        or memory.gpu_used_bytes,
+    )
+    return profiles.evaluate(args, node, model, env=dict(launch.revision.env or {}), memory=memory)
 
 
 @dataclass(frozen=True)
@@ -115,6 +151,7 @@ def stored(launch: Launch) -> dict[str, Any] | None:
         ],
         "numbers": doc["numbers"] if isinstance(doc.get("numbers"), dict) else {},
         "changes": doc["changes"] if isinstance(doc.get("changes"), dict) else {},
+        "fix_check": doc["fix_check"] if isinstance(doc.get("fix_check"), dict) else None,
     }
 
 

@@ -641,6 +641,10 @@ def fail(launch_id: int, reason: str) -> bool:
     snap: dict[str, Any] = {}
     try:
         snap = take_snapshot(launch)
+        if snap.get("gpus") and snap.get("meminfo"):
+            # Sampled as the snapshot was taken, before the stop's grace period.
+            used = {g["index"]: g["memory_used_bytes"] for g in snap["gpus"]}
+            _add_sample(launch, snap["meminfo"], used)
         result = stop_remote(launch, grace=5)
         Launch.objects.filter(pk=launch_id).update(exit_status=result.get("exit_status"))
         _, notes = _finish(launch, result.get("remaining", []))
@@ -650,10 +654,6 @@ def fail(launch_id: int, reason: str) -> bool:
         snap.setdefault("errors", []).append(exc.message)
         release(launch, keep_gpus=set(launch.gpus))
     Launch.objects.filter(pk=launch_id).update(snapshot=snap)
-    if snap.get("gpus") and snap.get("meminfo"):
-        _add_sample(
-            launch, snap["meminfo"], {g["index"]: g["memory_used_bytes"] for g in snap["gpus"]}
-        )
     # Diagnosed now with the lines stored so far; again by the follower once the log is whole.
     diagnoses.diagnose_launch(launch_id)
     return True

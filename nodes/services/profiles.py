@@ -101,14 +101,16 @@ def evaluate(
     model: ModelFacts,
     version: str | None = None,
     env: dict[str, str] | None = None,
+    memory: NodeMemory | None = None,
 ) -> BudgetReport:
-    """The budget of ``args`` (flags after the launcher) with ``env`` on ``node``."""
+    """The budget of ``args`` (flags after the launcher) with ``env`` on ``node`` (its memory as
+    last read, or ``memory``)."""
     version = version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     flags.env = dict(env or {})
     return check(
         flags,
-        node_memory(node),
+        memory or node_memory(node),
         version=version,
         geometry=model.geometry,
         weights_bytes=model.weights_bytes,

@@ -39,7 +39,7 @@ def test_clean_up_a_failed_launch_then_see_the_quarantine_on_the_node(
     try:
         log_in(page, panel.url, "olga")
         page.goto(f"{panel.url}/launches/{failed.pk}/")
-        expect(page.locator(".held-gpus")).to_contain_text("still hold memory")
+        expect(page.locator(".held-gpus")).to_contain_text("Memory is still held on GPU 0")
         page.get_by_role("link", name="Clean up GPUs").click()
 
         # GPU 0's memory stayed with no process (TP0 died by SIGKILL, hung on its dead peer).

@@ -556,3 +556,33 @@ def test_every_rule_pattern_finds_what_it_found_without_the_literal_shortcut():
         for pattern in patterns:
             plain = [n for n, line in enumerate(log.lines, 1) if pattern.search(line)]
             assert [n for n, _ in log.find(pattern)] == plain, (case.name, pattern.pattern)
+
+
+def test_a_gpu_oom_while_serving_is_a_fraction_too_high():
+    log = READY + (
+        "\n[2026-06-01 10:00:00 TP3] torch.OutOfMemoryError: CUDA out of memory. Tried to "
+        "allocate 1.50 GiB. GPU 3 has a total capacity of 79.19 GiB of which 0.91 GiB is free.\n"
+    )
+    found = diagnose(log, {}, {"mem_fraction_static": 0.92})
+    assert found.category == "mem-fraction-too-high" and "1.50 GiB" in found.summary
+    assert found.numbers["suggested_mem_fraction_static"] == 0.87
+    assert "--mem-fraction-static 0.87" in found.remedy
+
+
+def test_a_server_killed_while_serving_says_what_is_known_and_stays_unknown():
+    facts = {
+        "exit": {"code": -9, "signal": "SIGKILL"},
+        "snapshots": [
+            {
+                "phase": "after_failure",
+                "gpus": [{"index": 4, "memory_used_bytes": 130 * 2**30}],
+                "gpu_processes": [],
+            }
+        ],
+    }
+    found = diagnose(READY + "\n", facts, {})
+    assert found.category == "unknown" and "killed by SIGKILL while serving" in found.summary
+    assert (
+        found.secondary_categories == ["leaked-gpu-memory"]
+        and "memory stays on GPU 4" in found.summary
+    )

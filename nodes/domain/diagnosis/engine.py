@@ -32,7 +32,11 @@ from nodes.domain.diagnosis.launch_settings import (
 )
 from nodes.domain.diagnosis.nccl import nccl_init_hang, nccl_shm
 from nodes.domain.diagnosis.ports import port_bind_in_use, port_in_use
-from nodes.domain.diagnosis.runtime import served_then_failed
+from nodes.domain.diagnosis.runtime import (
+    served_then_failed,
+    served_then_gpu_oom,
+    served_then_killed,
+)
 from nodes.domain.diagnosis.signatures import SIGNATURES
 from nodes.domain.diagnosis.startup import health_check_failure, startup_timeout
 from nodes.domain.diagnosis.vllm import kv_cache_too_small, vllm_gpu_occupied
@@ -60,8 +64,10 @@ RULES: Sequence[Rule] = (
     host_oom_cgroup,
     host_oom_hicache,
     host_oom_pinned,
+    served_then_gpu_oom,
     served_then_failed,
     gpu_held_hidden,
+    served_then_killed,
 )
 
 

@@ -101,3 +101,83 @@ def _oom_kills(bundle: Bundle) -> list[Evidence]:
         for line in s.get("kernel_log") or []
         if NODE_OOM_KILL.search(str(line))
     ]
+
+
+RUNTIME_OOM = re.compile(
+    r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+) (?P<unit>[GM]iB)"
+)
+
+
+def served_then_gpu_oom(bundle: Bundle) -> Diagnosis | None:
+    """Out of GPU memory after the server was ready (under load): mem-fraction-static left too
+    little outside the static pool for activations (FORMAT.md: ``mem-fraction-too-high`` is for
+    an OOM after ready)."""
+    ready = bundle.log.first(SERVED)
+    if ready is None:
+        return None
+    hits = [(n, m) for n, m in bundle.log.find(RUNTIME_OOM) if n > ready[0]]
+    if not hits:
+        return None
+    hit = hits[0]
+    mfs = bundle.number("mem_fraction_static")
+    numbers: dict[str, float] = {"tried_to_allocate": float(hit[1]["tried"])}
+    lower = ""
+    if mfs is not None:
+        numbers["mem_fraction_static"] = mfs
+        numbers["suggested_mem_fraction_static"] = round(max(mfs - 0.05, 0.3), 2)
+        lower = f" (--mem-fraction-static {numbers['suggested_mem_fraction_static']:g})"
+    return Diagnosis(
+        category="mem-fraction-too-high",
+        summary=(
+            f"the server was ready (line {ready[0]}), then ran out of GPU memory serving (tried "
+            f"to allocate {hit[1]['tried']} {hit[1]['unit']})"
+            + (f" with --mem-fraction-static {mfs:g}" if mfs is not None else "")
+            + ": the static pool leaves too little for activations under this load"
+        ),
+        remedy=(
+            f"lower --mem-fraction-static{lower}, or cap the load with --max-running-requests "
+            "or --chunked-prefill-size"
+        ),
+        evidence=[bundle.evidence(ready), bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+def served_then_killed(bundle: Bundle) -> Diagnosis | None:
+    """Ready, then the server ended by a signal (``exit`` in the facts) with no other evidence:
+    killed from outside (an operator, a scheduler, the OOM killer without a line in dmesg). Why
+    is not shown, so the category stays ``unknown``; the summary says what is known."""
+    ready = bundle.log.first(SERVED)
+    code = (bundle.facts.get("exit") or {}).get("code")
+    if ready is None or not isinstance(code, int) or code >= 0:
+        return None
+    name = (bundle.facts.get("exit") or {}).get("signal") or f"signal {-code}"
+    held = [
+        g
+        for s in bundle.snapshots()
+        for g in s.get("gpus") or []
+        if (g.get("memory_used_bytes") or 0) > 2**30
+        and not any(p.get("gpu_index") == g.get("index") for p in s.get("gpu_processes") or [])
+    ]
+    kills = _oom_kills(bundle)
+    summary = f"the server was ready (line {ready[0]}), then was killed by {name} while serving"
+    secondary = []
+    if kills:
+        summary += "; the kernel's OOM killer struck (host RAM)"
+    if held:
+        secondary.append("leaked-gpu-memory")
+        summary += (
+            f"; memory stays on GPU {', '.join(str(g.get('index')) for g in held)} with no process"
+        )
+    return Diagnosis(
+        category="unknown",
+        secondary_categories=secondary,
+        summary=summary,
+        remedy=(
+            "find who sent the signal (dmesg for the OOM killer, the cluster scheduler, an "
+            "operator); clean up the GPUs (memory held with no process needs a reset or a "
+            "reboot), then relaunch"
+        ),
+        evidence=[bundle.evidence(ready), *kills[:2]],
+        numbers={"exit_code": code, "gpus_held_with_no_process": len(held)},
+    )

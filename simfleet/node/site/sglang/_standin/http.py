@@ -81,12 +81,20 @@ def _chatter(launch: Launch, log: Log) -> None:
 def _watch(launch: Launch, log: Log) -> None:
     """≥ 0.5.12 notices a crashed child within a second; older versions keep serving, unhealthy."""
     threading.Thread(target=_chatter, args=(launch, log), daemon=True).start()
+    reaped: set[int] = set()
     while True:
         time.sleep(1.0)
         for pid in launch.rank_pids:
-            got, status = os.waitpid(pid, os.WNOHANG)
+            if pid in reaped:
+                continue
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # collected elsewhere already
+                reaped.add(pid)
+                continue
             if got != pid:
                 continue
+            reaped.add(pid)
             code = -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
             _State.crashed = True
             if launch.version >= (0, 5, 12):
