@@ -316,6 +316,11 @@ class Launch(models.Model):
             "created": self.created.isoformat() if self.created else None,
             "ready_at": self.ready_at.isoformat() if self.ready_at else None,
             "ended": self.ended.isoformat() if self.ended else None,
+            "diagnosis": (
+                {k: self.diagnosis.get(k) for k in ("category", "summary", "remedy")}
+                if isinstance(self.diagnosis, dict)
+                else None
+            ),
         }
 
 

@@ -236,8 +236,8 @@ class _Run:
         with ssh.pool.session(target_for(self.node)) as client:
             answer = gpuctl(client, "signal", name, str(wait), *targets, timeout=wait + 60)
         command = f"kill -{name} " + " ".join(t.split("@")[0] for t in targets)
-        lines = [f"sent SIG{name} to {', '.join(answer['sent']) or 'nothing'}"]
-        lines += answer["errors"]
+        lines = [f"sent SIG{name} to {', '.join(answer['sent'])}"] if answer["sent"] else []
+        lines += [f"{e} (already gone)" if "no such process" in e else e for e in answer["errors"]]
         for p in answer["remaining"]:
             lines.append(f"still there after {wait:g} s: PID {p['pid']} state {p['state']} "
                          f"{p['command']}")  # fmt: skip
@@ -273,11 +273,15 @@ def run(cleanup_id: int) -> Cleanup:
         )
 
     def sigterm() -> tuple[str, str, str]:
+        if launch is None:
+            return "nothing to do", "", "no launch named: only holders are looked at"
         if not group or not group_alive():
             return "nothing to do", "", "no live process in the launch's process group"
         return job.signal("TERM", float(settings.RANKWISE_STOP_GRACE_SECONDS), [f"-{group}"])
 
     def sigkill() -> tuple[str, str, str]:
+        if launch is None:
+            return "nothing to do", "", "no launch named"
         if not group or not group_alive():
             return "nothing to do", "", "the launch's process group is gone"
         return job.signal("KILL", KILL_WAIT_S, [f"-{group}"])
@@ -374,7 +378,7 @@ def run(cleanup_id: int) -> Cleanup:
     def quarantine() -> tuple[str, str, str]:
         stuck = [g for g in job.state.gpus if g.index in job.chosen and _orphaned(g)]
         if not stuck:
-            return "nothing to do", "", "every chosen GPU's memory came back"
+            return "nothing to do", "", "no chosen GPU holds memory without a process"
         lines = []
         for g in stuck:
             reason = (

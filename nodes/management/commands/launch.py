@@ -164,5 +164,16 @@ class Command(OneLineCommand):
                 f"launch #{launch.pk} {launch.status}"
                 + (f": {launch.reason}" if launch.reason else "")
             )
+            if launch.status == LaunchStatus.FAILED:
+                # The follower diagnoses a moment after the failure; give it that moment.
+                for _ in range(20):
+                    if launch.diagnosis:
+                        break
+                    time.sleep(0.25)
+                    launch.refresh_from_db()
+                if isinstance(launch.diagnosis, dict):
+                    self.stdout.write(f"  diagnosis: {launch.diagnosis.get('category')}: "
+                                      f"{launch.diagnosis.get('summary')}")  # fmt: skip
+                    self.stdout.write(f"  fix: {launch.diagnosis.get('remedy')}")
         sys.stdout.flush()
         raise SystemExit(code)
