@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
+from nodes import ssh
 from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, Cleanup, GpuQuarantine, Launch, Reservation
 from nodes.services import cleanup, discovery, launches
@@ -258,7 +259,7 @@ def test_a_node_lost_mid_cleanup_ends_it_in_error_without_acting_on_old_readings
     def flaky(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
         if len(calls) > 1:
-            raise cleanup.ssh.RemoteError("unreachable", "no route to host")
+            raise ssh.RemoteError("unreachable", "no route to host")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(cleanup, "inspect", flaky)
