@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from typing import Any
+from urllib.parse import urlencode
 
 from celery.result import AsyncResult
 from django.contrib import messages
@@ -259,7 +260,26 @@ def audit_list(request: HtmxHttpRequest) -> HttpResponse:
     action = request.GET.get("action", "").strip()
     if not re.fullmatch(r"[a-z_.]{0,64}", action):
         action = ""
+    actor = request.GET.get("actor", "").strip()
+    if not re.fullmatch(r"[\w.@+-]{0,150}", actor):
+        actor = ""
+    kind = request.GET.get("object_type", "").strip()
+    if not re.fullmatch(r"[a-z_]{0,64}", kind):
+        kind = ""
     if action:
         entries = entries.filter(action__startswith=action)
+    if actor:
+        entries = entries.filter(actor_name=actor)
+    if kind:
+        entries = entries.filter(object_type=kind)
     page = Paginator(entries, 50).get_page(request.GET.get("page"))
-    return render(request, "nodes/audit_list.html", {"page": page, "action": action})
+    filters = {"action": action, "actor": actor, "object_type": kind}
+    context = {
+        "page": page,
+        **filters,
+        "kinds": AuditEntry.objects.order_by("object_type")
+        .values_list("object_type", flat=True)
+        .distinct(),
+        "query": urlencode({k: v for k, v in filters.items() if v}),
+    }
+    return render(request, "nodes/audit_list.html", context)

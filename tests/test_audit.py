@@ -59,3 +59,17 @@ def test_audit_entries_cannot_be_changed_even_by_a_superuser(admin_user):
     assert delete.status_code == 403
     entry.refresh_from_db()
     assert entry.action == "auth.login" and entry.actor_name == "ada"
+
+
+def test_the_trail_filters_by_action_actor_and_object_and_shows_before_after(viewer_client):
+    from nodes.audit import record
+    from tests.factories import make_user
+
+    olga = make_user("olga", "operator")
+    record("profile.revision", actor=olga, after={"revision": 2, "command": "--tp-size 8"})
+    record("node.cleanup", actor=None, actor_name="cli", before={"gpus": [0]})
+    page = viewer_client.get("/audit/", {"actor": "olga"}).content.decode()
+    assert "profile.revision" in page and "node.cleanup" not in page
+    assert "--tp-size 8" in page  # the after shown
+    page = viewer_client.get("/audit/", {"actor": "'; drop", "action": "node."}).content.decode()
+    assert "node.cleanup" in page and "profile.revision" not in page
