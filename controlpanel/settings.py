@@ -183,6 +183,9 @@ RANKWISE_HEALTH_SECONDS = env_int("RANKWISE_HEALTH_SECONDS", 10)
 RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 200_000)
 # Seconds a stop waits after SIGTERM before SIGKILL.
 RANKWISE_STOP_GRACE_SECONDS = env_int("RANKWISE_STOP_GRACE_SECONDS", 20)
+# Teams with an e-mail address are also e-mailed their launch events from this address (Django's
+# EMAIL_* settings say how); empty: no e-mail, webhooks only.
+RANKWISE_NOTIFY_EMAIL_FROM = env_str("RANKWISE_NOTIFY_EMAIL_FROM", "")
 # A revision is stamped known-good on a node once a launch of it stayed healthy this long.
 RANKWISE_KNOWN_GOOD_SECONDS = env_int("RANKWISE_KNOWN_GOOD_SECONDS", 600)
 # How often host RAM and GPU memory are sampled while a launch starts (its memory timeline).

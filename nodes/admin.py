@@ -9,7 +9,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 
-from nodes.models import AuditEntry, Gpu, Node
+from nodes.models import AuditEntry, Gpu, Node, Team
 
 
 class ViewOnly:
@@ -61,3 +61,11 @@ class AuditEntryAdmin(ReadOnlyAdmin):
     list_display = ["time", "actor_name", "action", "object_repr", "request_id"]
     list_filter = ["action"]
     search_fields = ["actor_name", "object_repr", "request_id"]
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
+    """Admins make teams, choose their members and where their launch events go."""
+
+    list_display = ("name", "webhook_url", "email")
+    filter_horizontal = ("members",)

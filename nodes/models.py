@@ -183,14 +183,38 @@ class AuditEntry(models.Model):
         return f"{self.time:%Y-%m-%d %H:%M:%S} {self.actor_name} {self.action} {self.object_repr}"
 
 
+class Team(models.Model):
+    """A named group of users that owns profiles, and is told (webhook, e-mail) when their
+    launches become ready, fail, get lost, or leave GPUs quarantined."""
+
+    name = models.CharField(max_length=63, unique=True)
+    members = models.ManyToManyField(settings.AUTH_USER_MODEL, related_name="teams", blank=True)
+    webhook_url = models.URLField(blank=True, help_text="POSTed a JSON event; empty: none.")
+    email = models.EmailField(blank=True, help_text="Also e-mailed when e-mail is configured.")
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
 class LaunchProfile(models.Model):
     """A named SGLang launch configuration; its content lives in immutable revisions."""
+
+    class Visibility(models.TextChoices):
+        EVERYONE = "everyone", "Everyone"
+        TEAM = "team", "Its team only"
 
     name = models.CharField(max_length=63, unique=True)
     created = models.DateTimeField(auto_now_add=True)
     created_by = models.CharField(max_length=150)
     # Made for one launch from a raw command line (CLI `-- COMMAND` or pasted), not by an editor.
     adhoc = models.BooleanField(default=False)
+    team = models.ForeignKey(
+        Team, null=True, blank=True, on_delete=models.SET_NULL, related_name="profiles"
+    )
+    visibility = models.CharField(max_length=8, choices=Visibility, default=Visibility.EVERYONE)
 
     class Meta:
         ordering = ["name"]

@@ -15,15 +15,17 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain import remedy, revision_diff
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
-from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision
+from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import role_required
 from nodes.services.profiles import DEFAULT_VERSION, evaluate, model_facts, save_revision
+from nodes.services.teams import visible_profiles
 from nodes.views import HtmxHttpRequest, _redirect
 
 
@@ -31,8 +33,13 @@ from nodes.views import HtmxHttpRequest, _redirect
 @login_required
 def profile_list(request: HtmxHttpRequest) -> HttpResponse:
     # Ad-hoc profiles (one pasted command each) live on their launch pages, not in this list.
-    profiles = LaunchProfile.objects.filter(adhoc=False).prefetch_related(
-        "revisions", Prefetch("revisions__stamps", KnownGoodStamp.objects.order_by("-stamped_at"))
+    profiles = (
+        visible_profiles(request.user)
+        .filter(adhoc=False)
+        .prefetch_related(
+            "revisions",
+            Prefetch("revisions__stamps", KnownGoodStamp.objects.order_by("-stamped_at")),
+        )
     )
     wanted = request.GET.get("node", "")
     node = Node.objects.filter(name=wanted).first() if wanted and "\x00" not in wanted else None
@@ -78,11 +85,40 @@ def _gpu_class_filter(text: str) -> dict[str, Any]:
 @require_GET
 @login_required
 def profile_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    profile = get_object_or_404(LaunchProfile, pk=pk)
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
     revisions = profile.revisions.select_related("node").prefetch_related("stamps")
-    return render(
-        request, "nodes/profile_detail.html", {"profile": profile, "revisions": revisions}
+    context = {"profile": profile, "revisions": revisions, "teams": Team.objects.all()}
+    return render(request, "nodes/profile_detail.html", context)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Which team owns the profile, and whether everyone or only that team sees it."""
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
+    team_id = request.POST.get("team", "")
+    team = Team.objects.filter(pk=int(team_id)).first() if team_id.isdigit() else None
+    visibility = request.POST.get("visibility", "")
+    if visibility not in LaunchProfile.Visibility.values or (team_id and team is None):
+        messages.error(request, "Choose a team (or none) and who may see the profile.")
+        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+    if visibility == LaunchProfile.Visibility.TEAM and team is None:
+        messages.error(request, "Only a profile owned by a team can be visible to its team only.")
+        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+    before = {"team": profile.team.name if profile.team else None, "visibility": profile.visibility}
+    profile.team, profile.visibility = team, visibility
+    profile.save(update_fields=["team", "visibility"])
+    record(
+        "profile.ownership",
+        actor=request.user,
+        obj=profile,
+        before=before,
+        after={"team": team.name if team else None, "visibility": visibility},
+        request=request,
     )
+    messages.success(request, f"{profile.name}: owned by {team or 'no team'}, visible to "
+                     f"{profile.get_visibility_display().lower()}.")  # fmt: skip
+    return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
 def _checked(form: ProfileForm) -> dict[str, Any]:
@@ -118,7 +154,7 @@ def profile_create(request: HtmxHttpRequest) -> HttpResponseBase:
 @require_http_methods(["GET", "POST"])
 @role_required(Role.OPERATOR)
 def profile_edit(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
-    return _profile_form(request, get_object_or_404(LaunchProfile, pk=pk))
+    return _profile_form(request, get_object_or_404(visible_profiles(request.user), pk=pk))
 
 
 def _initial(profile: LaunchProfile | None) -> dict[str, Any]:
@@ -140,7 +176,7 @@ def profile_clone(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Clone a revision to another node: its flags re-validated against the target, and what
     must change there (the budget engine's suggestion, e.g. the largest --hicache-size that
     fits) offered as an edit before anything is saved."""
-    profile = get_object_or_404(LaunchProfile, pk=pk)
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
     revision = _revision_of(profile, request.GET.get("revision"))
     target = _node_of(request.GET.get("node"))
     context: dict[str, Any] = {
@@ -159,7 +195,7 @@ def profile_clone(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def profile_diff(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """Two revisions side by side: the flags added, removed and changed from ``a`` to ``b``,
     and each one's budget verdict when it was saved."""
-    profile = get_object_or_404(LaunchProfile, pk=pk)
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
     numbers = list(profile.revisions.order_by("number").values_list("number", flat=True))
     a = _revision_of(profile, request.GET.get("a") or str(numbers[-2] if len(numbers) > 1 else 0))
     b = _revision_of(profile, request.GET.get("b"))
@@ -175,7 +211,7 @@ def profile_diff(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpResponseBase:
     """A new revision equal to revision ``number`` (flags and environment), checked again on
     its node before it is saved."""
-    profile = get_object_or_404(LaunchProfile, pk=pk)
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
     old = get_object_or_404(ProfileRevision, profile=profile, number=number)
     latest = profile.latest()
     node = old.node or (latest.node if latest is not None else None)

@@ -14,7 +14,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from nodes import ssh
-from nodes.services import cleanup, discovery, follower, launches
+from nodes.services import cleanup, discovery, follower, launches, teams
 
 
 @shared_task(name="nodes.discover_node", soft_time_limit=150, time_limit=180)
@@ -74,6 +74,19 @@ def stop_launch(launch_id: int, actor_id: int | None = None) -> dict[str, Any]:
 def cleanup_gpus(cleanup_id: int) -> str:
     """Run a recorded GPU cleanup; its verdict."""
     return cleanup.run(cleanup_id).message
+
+
+@shared_task(
+    name="nodes.notify",
+    autoretry_for=(OSError,),
+    retry_backoff=5,
+    max_retries=3,
+    soft_time_limit=60,
+    time_limit=90,
+)
+def deliver_notification(team_id: int, payload: dict[str, Any]) -> None:
+    """Tell a team (webhook, e-mail) what happened; retried on network errors."""
+    teams.deliver(team_id, payload)
 
 
 @shared_task(name="nodes.reconcile_launches", soft_time_limit=60, time_limit=90, expires=60)

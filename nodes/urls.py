@@ -26,6 +26,11 @@ urlpatterns = [
     path("launch-profiles/<int:pk>/", profile_views.profile_detail, name="profile-detail"),
     path("launch-profiles/<int:pk>/edit/", profile_views.profile_edit, name="profile-edit"),
     path("launch-profiles/<int:pk>/clone/", profile_views.profile_clone, name="profile-clone"),
+    path(
+        "launch-profiles/<int:pk>/ownership/",
+        profile_views.profile_ownership,
+        name="profile-ownership",
+    ),
     path("launch-profiles/<int:pk>/diff/", profile_views.profile_diff, name="profile-diff"),
     path(
         "launch-profiles/<int:pk>/revisions/<int:number>/revert/",

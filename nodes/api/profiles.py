@@ -19,6 +19,7 @@ from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node
 from nodes.services import exchange, profiles
+from nodes.services.teams import visible_profiles
 
 router = Router(tags=["profiles"])
 
@@ -30,14 +31,15 @@ def profile_json(p: LaunchProfile) -> dict[str, Any]:
 
 @router.get("", response={200: list[ProfileOut], **READ_ERRORS})
 def list_profiles(request: HttpRequest) -> Any:
-    return [profile_json(p) for p in LaunchProfile.objects.filter(adhoc=False)]
+    return [profile_json(p) for p in visible_profiles(request.user).filter(adhoc=False)]
 
 
 @router.get("/export", response={200: dict[str, Any], **READ_ERRORS})
 def export_profiles(request: HttpRequest) -> Any:
-    """Every profile with its revisions and known-good stamps (``rankwise-profiles/1``;
-    secret values written as ``****``)."""
-    return exchange.export()
+    """Every profile you may see, with its revisions and known-good stamps
+    (``rankwise-profiles/1``; secret values written as ``****``)."""
+    names = list(visible_profiles(request.user).values_list("name", flat=True))
+    return exchange.export(names)
 
 
 @router.post("/import", response={200: dict[str, list[str]], **ERRORS})
@@ -61,7 +63,7 @@ def validate(request: HttpRequest, body: ValidateIn) -> Any:
 def get_profile(request: HttpRequest, name: str) -> Any:
     if "\x00" in name:
         raise HttpError(404, "no such profile")
-    return profile_json(get_object_or_404(LaunchProfile, name=name, adhoc=False))
+    return profile_json(get_object_or_404(visible_profiles(request.user), name=name, adhoc=False))
 
 
 def _check(node: Node, args: list[str], env: dict[str, str]) -> BudgetReport:

@@ -30,7 +30,7 @@ from nodes.choices import LAUNCH_ENDED
 from nodes.domain import gpu_holders as gh
 from nodes.domain.units import format_bytes
 from nodes.models import Cleanup, CleanupStep, GpuQuarantine, Launch, Node, NodeEvent, Reservation
-from nodes.services import diagnoses, discovery
+from nodes.services import diagnoses, discovery, teams
 from nodes.services.credentials import target_for
 
 GPUCTL = (Path(__file__).resolve().parent.parent / "remote" / "gpuctl.py").read_text()
@@ -395,6 +395,7 @@ def run(cleanup_id: int) -> Cleanup:
             except IntegrityError:
                 pass  # quarantined already
             lines.append(f"GPU {g.index} quarantined: {reason}")
+            teams.node_event(job.node, "gpu.quarantine", f"GPU {g.index}: {reason}", launch)
         job.state = inspect(job.node, launch=launch)
         return "done", "", "\n".join(lines)
 

@@ -21,7 +21,7 @@ from nodes.domain.diagnosis import Diagnosis, diagnose
 from nodes.domain.sglang_flags import parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, ProfileRevision
-from nodes.services import bundles, profiles
+from nodes.services import bundles, profiles, teams
 from nodes.services.profiles import DEFAULT_VERSION
 
 Actor = AbstractBaseUser | AnonymousUser
@@ -54,7 +54,10 @@ def diagnose_launch(launch_id: int) -> Diagnosis | None:
     doc = found.to_json()
     doc["changes"] = remedy.changes_for(found.category, found.numbers, _budget_suggestion(launch))
     doc["fix_check"] = _fix_check(launch, doc["changes"])
+    first = launch.diagnosis is None
     Launch.objects.filter(pk=launch_id).update(diagnosis=doc, diagnosis_category=found.category)
+    if first:
+        teams.launch_event(launch, "launch.failed", f"{found.category}: {found.summary}")
     return found
 
 

@@ -28,7 +28,7 @@ from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import mask_text, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
-from nodes.services import diagnoses, launches, stamps
+from nodes.services import diagnoses, launches, stamps, teams
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,9 @@ class Follower:
             self.down_since = now
             log.info("launch %s: %s unreachable: %s", launch.pk, launch.node.name, exc.message)
         away = now - self.down_since
-        if away >= settings.RANKWISE_LOST_AFTER_SECONDS and launch.status not in LAUNCH_ENDED:
-            Launch.objects.filter(
+        lost = away >= settings.RANKWISE_LOST_AFTER_SECONDS
+        if lost and launch.status not in LAUNCH_ENDED:  # noqa: SIM102 — the update decides
+            if Launch.objects.filter(
                 pk=launch.pk,
                 status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
             ).update(
@@ -121,7 +122,8 @@ class Follower:
                 resume_status=launch.status,
                 lost_since=timezone.now(),
                 reason=f"{launch.node.name} has not answered for {away:.0f} s: {exc.message}",
-            )
+            ):
+                teams.launch_event(Launch.objects.get(pk=launch.pk), "launch.lost")
         if launch.status in LAUNCH_ENDED and away > 600:
             # An ended launch whose node never came back: what was stored is all there is.
             Launch.objects.filter(pk=launch.pk).update(log_complete=True)
@@ -356,9 +358,10 @@ class Follower:
         metrics = self._metrics(launch, client)
         if metrics is not None:
             fields["metrics"] = metrics
-        Launch.objects.filter(
+        if Launch.objects.filter(
             pk=launch.pk, status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING]
-        ).update(**fields)
+        ).update(**fields):
+            teams.launch_event(Launch.objects.get(pk=launch.pk), "launch.ready")
         notify(self.launch_id, self.seq)
 
     def _server_info(self, launch: Launch, client: Any) -> dict[str, Any] | None:

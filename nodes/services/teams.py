@@ -1,0 +1,99 @@
+"""Teams: who may see a profile, and telling a team what happened to its launches.
+
+Events (``event`` in the JSON a team's webhook receives, also e-mailed when
+``RANKWISE_NOTIFY_EMAIL_FROM`` is set): ``launch.ready``, ``launch.failed`` (with the diagnosis
+summary), ``launch.lost``, ``gpu.quarantine``. Delivery runs on the workers (``nodes.notify``),
+retried on network errors; a team without a webhook or e-mail is not told.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import urllib.request
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.mail import send_mail
+from django.db.models import Q, QuerySet
+from kombu.exceptions import OperationalError
+from redis.exceptions import RedisError
+
+from nodes.choices import Role
+from nodes.models import Launch, LaunchProfile, Node, Team
+from nodes.roles import has_role
+
+log = logging.getLogger(__name__)
+WEBHOOK_TIMEOUT_S = 10
+
+
+def visible_profiles(user: AbstractBaseUser | AnonymousUser) -> QuerySet[LaunchProfile]:
+    """Profiles ``user`` may see: every one shown to everyone, and their teams' own; admins
+    see all."""
+    profiles = LaunchProfile.objects.all()
+    if has_role(user, Role.ADMIN):
+        return profiles
+    mine = Q(team__members__pk=user.pk) if user.is_authenticated else Q(pk__in=[])
+    return profiles.filter(
+        Q(visibility=LaunchProfile.Visibility.EVERYONE) | Q(team__isnull=True) | mine
+    ).distinct()
+
+
+def launch_event(launch: Launch, event: str, detail: str = "") -> None:
+    """Tell the team that owns the launch's profile (if it listens) about ``event``."""
+    team = launch.revision.profile.team
+    if team is None or not (team.webhook_url or team.email):
+        return
+    payload = {
+        "event": event,
+        "launch": launch.pk,
+        "status": launch.status,
+        "node": launch.node.name,
+        "profile": str(launch.revision),
+        "detail": detail or launch.reason,
+    }
+    _queue(team, payload)
+
+
+def node_event(node: Node, event: str, detail: str, launch: Launch | None = None) -> None:
+    """A node-level event (a quarantine): the launch's team, else every team that listens."""
+    teams = (
+        [launch.revision.profile.team]
+        if launch is not None and launch.revision.profile.team is not None
+        else list(Team.objects.exclude(webhook_url="", email=""))
+    )
+    for team in teams:
+        if team.webhook_url or team.email:
+            _queue(team, {"event": event, "node": node.name, "detail": detail})
+
+
+def _queue(team: Team, payload: dict[str, Any]) -> None:
+    from nodes.tasks import deliver_notification  # the tasks module imports the services
+
+    try:
+        deliver_notification.delay(team.pk, payload)
+    except (OperationalError, RedisError):
+        log.warning("team %s not told of %s: the task queue is unreachable", team, payload)
+
+
+def deliver(team_id: int, payload: dict[str, Any]) -> None:
+    """POST ``payload`` as JSON to the team's webhook, and e-mail it when configured. Raises
+    ``OSError`` (urllib's errors included) so the task retries."""
+    team = Team.objects.filter(pk=team_id).first()
+    if team is None:
+        return
+    body = json.dumps({**payload, "team": team.name}).encode()
+    if team.webhook_url:
+        request = urllib.request.Request(
+            team.webhook_url,
+            data=body,
+            headers={"Content-Type": "application/json", "User-Agent": "Rankwise"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
+            answer.read(1024)
+    sender = settings.RANKWISE_NOTIFY_EMAIL_FROM
+    if team.email and sender:
+        subject = f"[Rankwise] {payload['event']}: {payload.get('profile') or payload['node']}"
+        send_mail(subject, json.dumps(payload, indent=1), sender, [team.email])
