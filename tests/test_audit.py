@@ -73,3 +73,54 @@ def test_the_trail_filters_by_action_actor_and_object_and_shows_before_after(vie
     assert "--tp-size 8" in page  # the after shown
     page = viewer_client.get("/audit/", {"actor": "'; drop", "action": "node."}).content.decode()
     assert "node.cleanup" in page and "profile.revision" not in page
+
+
+def test_each_kind_of_change_lands_in_the_trail_with_its_before_and_after(
+    admin_client_, admin_user
+):
+    """Node edits, profile revisions and ownership, launches with overridden checks, tokens:
+    each one an entry naming who, what and the change."""
+    from nodes.models import AuditEntry, LaunchProfile, Team
+    from nodes.services import tokens
+    from tests.factories import make_node, node_form_data
+
+    node = make_node(
+        "gpu-01",
+        host="gpu-01.example.net",
+        sglang_version="0.5.9",
+        host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBdT4JxNkTy/+iculPU8JKSNDmkkoOmX7fwy4pE43/QY",
+    )
+    admin_client_.post(
+        f"/nodes/{node.pk}/edit/",
+        node_form_data(notes="moved to rack b", host="gpu-01.example.net"),
+    )
+    edit = AuditEntry.objects.filter(object_type="node", action__startswith="node.").latest("time")
+    assert edit.before is not None and edit.after is not None and edit.before != edit.after
+
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(admin_user, 'ci')}"}
+    args = ["--model-path", "/m", "--tp-size", "2"]
+    admin_client_.post(
+        "/api/profiles/qwen/revisions", {"node": "gpu-01", "args": args, "message": "first"},
+        content_type="application/json", **bearer,
+    )  # fmt: skip
+    revision = AuditEntry.objects.get(action="profile.revision")
+    assert revision.after["revision"] == 1 and revision.after["message"] == "first"
+
+    profile = LaunchProfile.objects.get(name="qwen")
+    team = Team.objects.create(name="infra")
+    admin_client_.post(
+        f"/launch-profiles/{profile.pk}/ownership/", {"team": team.pk, "visibility": "team"}
+    )
+    owner = AuditEntry.objects.get(action="profile.ownership")
+    assert owner.before["team"] is None and owner.after["team"] == "infra"
+
+    admin_client_.post(
+        "/api/launches",
+        {"node": "gpu-01", "profile": "qwen@1", "overrides": {"budget": "known to fit"}},
+        content_type="application/json",
+        **bearer,
+    )
+    launch = AuditEntry.objects.get(action="launch.create")
+    assert launch.actor_name == admin_user.username and launch.after
+    assert AuditEntry.objects.filter(action="token.create").exists()
+    assert all(e.actor_name for e in AuditEntry.objects.all())
