@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -423,6 +424,32 @@ class Cleanup(models.Model):
     def all_free(self) -> bool:
         gpus = (self.result or {}).get("gpus") or []
         return bool(gpus) and all(g.get("state") == "free" for g in gpus)
+
+    def to_json(self) -> dict[str, Any]:
+        """The cleanup for the CLI and the API: its steps with their commands, outputs and
+        measurements, then each GPU's final state and the host's memory."""
+        return {
+            "id": self.pk,
+            "node": self.node.name,
+            "launch": self.launch_id,
+            "gpus_asked": list(self.gpus),
+            "status": self.status,
+            "message": self.message,
+            "steps": [
+                {
+                    "key": s.key,
+                    "title": s.title,
+                    "outcome": s.outcome,
+                    "command": s.command,
+                    "output": s.output,
+                    "before": s.before,
+                    "after": s.after,
+                }
+                for s in self.steps.all()
+            ],
+            "gpus": (self.result or {}).get("gpus", []),
+            "host": (self.result or {}).get("host", {}),
+        }
 
 
 class CleanupStep(models.Model):

@@ -17,24 +17,4 @@ router = Router(tags=["cleanup"])
 @router.get("/{cleanup_id}", response={200: CleanupOut, **READ_ERRORS})
 def get_cleanup(request: HttpRequest, cleanup_id: int) -> Any:
     job = get_object_or_404(Cleanup.objects.select_related("node"), pk=cleanup_id)
-    return {
-        "id": job.pk,
-        "node": job.node.name,
-        "launch": job.launch_id,
-        "gpus": job.gpus,
-        "status": job.status,
-        "message": job.message,
-        "steps": [
-            {
-                "key": s.key,
-                "title": s.title,
-                "outcome": s.outcome,
-                "command": s.command,
-                "output": s.output,
-                "before": s.before,
-                "after": s.after,
-            }
-            for s in job.steps.all()
-        ],
-        "result": job.result,
-    }
+    return job.to_json()

@@ -137,8 +137,9 @@ class CleanupOut(Schema):
     id: int
     node: str
     launch: int | None = None
-    gpus: list[int]
+    gpus_asked: list[int]
     status: str
     message: str
     steps: list[dict[str, Any]]
-    result: dict[str, Any] | None = None
+    gpus: list[dict[str, Any]]
+    host: dict[str, Any]

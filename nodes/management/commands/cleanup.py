@@ -68,27 +68,7 @@ class Command(OneLineCommand):
             raise CommandError(str(exc), returncode=2) from None
         done = cleanup.run(job.pk)
         steps = list(done.steps.all())
-        doc = {
-            "id": done.pk,
-            "node": node.name,
-            "launch": done.launch_id,
-            "status": done.status,
-            "message": done.message,
-            "steps": [
-                {
-                    "key": s.key,
-                    "title": s.title,
-                    "outcome": s.outcome,
-                    "command": s.command,
-                    "output": s.output,
-                    "before": s.before,
-                    "after": s.after,
-                }
-                for s in steps
-            ],
-            "gpus": (done.result or {}).get("gpus", []),
-            "host": (done.result or {}).get("host", {}),
-        }
+        doc = done.to_json()
         if options["json"]:
             self.stdout.write(json.dumps(doc))
         else:
