@@ -9,6 +9,7 @@ from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.http import HttpRequest
 
+from nodes.audit import record
 from nodes.models import AuditEntry, Gpu, Node, Team
 
 
@@ -69,3 +70,25 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     list_display = ("name", "webhook_url", "email")
     filter_horizontal = ("members",)
+
+    def save_related(self, request: HttpRequest, form: Any, formsets: Any, change: bool) -> None:
+        super().save_related(request, form, formsets, change)
+        team = form.instance
+        record(
+            "team.update" if change else "team.create",
+            actor=request.user,
+            obj=team,
+            after={
+                "name": team.name,
+                "members": sorted(team.members.values_list("username", flat=True)),
+                "webhook_url": team.webhook_url,
+                "email": team.email,
+            },
+            request=request,
+        )
+
+    def delete_model(self, request: HttpRequest, obj: Team) -> None:
+        record(
+            "team.delete", actor=request.user, obj=obj, before={"name": obj.name}, request=request
+        )
+        super().delete_model(request, obj)

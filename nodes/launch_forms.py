@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django import forms
 
 from nodes.domain.launch_plan import CHECK_NAMES, NOT_OVERRIDABLE, PlanError, parse_gpu_list
 from nodes.models import Node, ProfileRevision
+from nodes.services.teams import visible_profiles
 
 OVERRIDABLE = [(n, n) for n in CHECK_NAMES if n not in NOT_OVERRIDABLE]
 
@@ -65,6 +66,15 @@ class LaunchForm(forms.Form):
         label="Start-up timeout (s)",
         help_text="Empty: the panel's default.",
     )
+
+    def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if user is not None:
+            # A team-only profile is offered to its team only.
+            field = cast(forms.ModelChoiceField, self.fields["revision"])  # type: ignore[type-arg]
+            field.queryset = ProfileRevision.objects.filter(
+                profile__adhoc=False, profile__in=visible_profiles(user)
+            ).select_related("profile")
 
     def clean_gpus(self) -> list[int] | None:
         text = self.cleaned_data["gpus"].strip()

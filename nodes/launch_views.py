@@ -96,7 +96,7 @@ def _filter_value(text: str) -> str:
 @role_required(Role.OPERATOR)
 def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
     if request.method == "POST":
-        form = LaunchForm(request.POST)
+        form = LaunchForm(request.POST, user=request.user)
         if form.is_valid():
             data = form.cleaned_data
             try:
@@ -120,7 +120,7 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
         for key in ("revision", "adhoc_revision", "node", "gpus", "port", "command"):
             if request.GET.get(key):
                 initial[key] = request.GET[key]
-        form = LaunchForm(initial=initial)
+        form = LaunchForm(initial=initial, user=request.user)
     return render(request, "nodes/launch_form.html", {"form": form, "preset": _preset(form)})
 
 

@@ -23,7 +23,7 @@ from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.profile_forms import ProfileForm, data_from_command
-from nodes.roles import role_required
+from nodes.roles import has_role, role_required
 from nodes.services.profiles import DEFAULT_VERSION, evaluate, model_facts, save_revision
 from nodes.services.teams import visible_profiles
 from nodes.views import HtmxHttpRequest, _redirect
@@ -101,6 +101,12 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     visibility = request.POST.get("visibility", "")
     if visibility not in LaunchProfile.Visibility.values or (team_id and team is None):
         messages.error(request, "Choose a team (or none) and who may see the profile.")
+        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+    if not has_role(request.user, Role.ADMIN) and any(
+        t is not None and not t.members.filter(pk=request.user.pk or 0).exists()
+        for t in (profile.team, team)
+    ):
+        messages.error(request, "Only members of the teams involved (or an admin) may do that.")
         return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
     if visibility == LaunchProfile.Visibility.TEAM and team is None:
         messages.error(request, "Only a profile owned by a team can be visible to its team only.")

@@ -7,7 +7,7 @@ from typing import cast
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser
-from django.http import HttpResponse, HttpResponseBase
+from django.http import HttpResponseBase
 from django.shortcuts import render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
@@ -19,14 +19,16 @@ from nodes.views import HtmxHttpRequest, _redirect
 
 @require_http_methods(["GET", "POST"])
 @login_required
-def token_list(request: HtmxHttpRequest) -> HttpResponse:
-    new = None
+def token_list(request: HtmxHttpRequest) -> HttpResponseBase:
     if request.method == "POST":
         name = request.POST.get("name", "").strip()[:100]
         if not name or "\x00" in name:
             messages.error(request, "Give the token a name (what will use it).")
         else:
-            new = tokens.create(_me(request), name, request=request)
+            # Shown once, on the page the browser is sent to: a reload makes no new token.
+            request.session["new_token"] = tokens.create(_me(request), name, request=request)
+        return _redirect(request, reverse("nodes:token-list"))
+    new = request.session.pop("new_token", None)
     rows = ApiToken.objects.filter(user_id=_me(request).pk)
     return render(request, "nodes/token_list.html", {"tokens": rows, "new_token": new})
 

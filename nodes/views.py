@@ -269,7 +269,7 @@ def audit_list(request: HtmxHttpRequest) -> HttpResponse:
     if action:
         entries = entries.filter(action__startswith=action)
     if actor:
-        entries = entries.filter(actor_name=actor)
+        entries = entries.filter(actor_name__icontains=actor)
     if kind:
         entries = entries.filter(object_type=kind)
     page = Paginator(entries, 50).get_page(request.GET.get("page"))

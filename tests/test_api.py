@@ -50,9 +50,15 @@ def node():
 @pytest.fixture
 def profile(node):
     p = LaunchProfile.objects.create(name="kimi", created_by="pat")
-    ProfileRevision.objects.create(
+    revision = ProfileRevision.objects.create(
         profile=p, number=1, args=FITS, env={"HF_TOKEN": "hf_secret"}, author="pat", node=node,
         verdict="ok", report={"lines": [], "messages": []}, sglang_version="0.5.9",
+    )  # fmt: skip
+    KnownGoodStamp.objects.create(
+        revision=revision, node=node, node_name="gpu-01", gpu_name="NVIDIA H200", gpu_count=8,
+        gpu_memory_bytes=96 * 2**30, host_ram_bytes=449 * GB, sglang_version="0.5.9",
+        launched_by="olga", stamped_at=timezone.now(), healthy_seconds=900,
+        observed={"max_total_num_tokens": 1000}, estimate={"device_kv_tokens_per_rank": 990},
     )  # fmt: skip
     return p
 
@@ -165,6 +171,8 @@ def test_an_operator_validates_and_saves_revisions_with_the_budgets_words(client
     assert ProfileRevision.objects.filter(profile=profile).count() == 2
     got = client.get("/api/profiles/kimi", **headers).json()
     assert [r["number"] for r in got["revisions"]] == [1, 2]
+    assert got["revisions"][0]["stamps"][0]["gpu_count"] == 8
+    assert client.get("/api/profiles", **headers).status_code == 200
     assert got["revisions"][0]["env"] == {"HF_TOKEN": "****"}
     bad = call(client, "POST", "/api/profiles/kimi/revisions", headers, {"node": "gpu-01"})
     assert bad.status_code == 422 and "args" in bad.json()["detail"]
@@ -201,13 +209,6 @@ def test_launch_through_the_api_then_read_it_and_its_log(client, node, profile):
 def test_export_then_import_into_an_empty_database_reproduces_profiles_revisions_stamps(
     node, profile
 ):
-    revision = profile.revisions.get()
-    KnownGoodStamp.objects.create(
-        revision=revision, node=node, node_name="gpu-01", gpu_name="NVIDIA H200", gpu_count=8,
-        gpu_memory_bytes=96 * 2**30, host_ram_bytes=449 * GB, sglang_version="0.5.9",
-        launched_by="olga", stamped_at=timezone.now(), healthy_seconds=900,
-        observed={"max_total_num_tokens": 1000}, estimate={"device_kv_tokens_per_rank": 990},
-    )  # fmt: skip
     doc = exchange.export(secrets=True)
     LaunchProfile.objects.all().delete()
     assert not ProfileRevision.objects.exists() and not KnownGoodStamp.objects.exists()
@@ -220,6 +221,18 @@ def test_export_then_import_into_an_empty_database_reproduces_profiles_revisions
     assert exchange.import_(doc, author="cli").skipped == ["kimi@1"]
     doc["profiles"][0]["revisions"][0]["args"] = TOO_BIG
     assert exchange.import_(doc, author="cli").conflicts == ["kimi@1"]
+    masked = exchange.export()  # secrets as ****, nodes this panel lacks
+    LaunchProfile.objects.all().delete()
+    masked["profiles"][0]["revisions"][0]["node"] = "elsewhere"
+    notes = exchange.import_(masked, author="cli").notes
+    assert any("HF_TOKEN came in masked" in n for n in notes)
+    assert any("nodes elsewhere are not in this panel" in n for n in notes)
+
+
+def test_a_viewer_is_refused_a_change_before_its_body_is_read(client, node, profile):
+    headers = bearer("viewer")
+    for path in ("/api/launches", "/api/profiles/kimi/revisions", "/api/profiles/import"):
+        assert call(client, "POST", path, headers, {}).status_code == 403, path
 
 
 @pytest.mark.parametrize(
@@ -244,11 +257,12 @@ def test_an_import_that_cannot_be_read_saves_nothing(node, change, message):
 def test_tokens_are_shown_once_listed_by_prefix_and_revoked(client):
     user = make_user("olga", "operator")
     client.force_login(user)
-    page = client.post(reverse("nodes:token-list"), {"name": "CI"}).content.decode()
+    page = client.post(reverse("nodes:token-list"), {"name": "CI"}, follow=True).content.decode()
     token = re.search(r'id="new-token">(rw_[^<]+)<', page)[1]
     assert client.get("/api/nodes", HTTP_AUTHORIZATION=f"Bearer {token}").status_code == 200
-    listed = client.get(reverse("nodes:token-list")).content.decode()
+    listed = client.get(reverse("nodes:token-list")).content.decode()  # a reload
     assert token not in listed and token[:10] in listed
+    assert ApiToken.objects.count() == 1
     row = ApiToken.objects.get()
     assert row.digest != token and token not in row.digest
     client.post(reverse("nodes:token-revoke", args=[row.pk]))

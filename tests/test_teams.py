@@ -75,6 +75,17 @@ def test_a_team_only_profile_is_hidden_from_others_on_pages_and_the_api(client):
     token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(outsider, 't')}"}
     assert [p["name"] for p in client.get("/api/profiles", **token).json()] == ["shared"]
     assert client.get("/api/profiles/secret", **token).status_code == 404
+    # Nor can an outsider launch it, from the form or the API.
+    make = make_user("oscar", "operator")
+    client.force_login(make)
+    form = client.get(reverse("nodes:launch-create")).content.decode()
+    assert "secret@1" not in form
+    op_token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(make, 't')}"}
+    refused = client.post(
+        "/api/launches", {"node": "gpu-01", "profile": "secret@1"},
+        content_type="application/json", **op_token,
+    )  # fmt: skip
+    assert refused.status_code == 400 and "no profile named 'secret'" in refused.json()["detail"]
     client.force_login(member)
     assert client.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 200
     client.force_login(make_user("ada", "admin"))
@@ -82,12 +93,17 @@ def test_a_team_only_profile_is_hidden_from_others_on_pages_and_the_api(client):
 
 
 @pytest.mark.django_db
-def test_ownership_changes_are_audited_and_team_only_needs_a_team(operator_client):
+def test_ownership_changes_are_audited_and_team_only_needs_a_team(operator_client, operator):
     team = Team.objects.create(name="infra")
     profile = LaunchProfile.objects.create(name="kimi", created_by="pat")
     url = reverse("nodes:profile-ownership", args=[profile.pk])
     refused = operator_client.post(url, {"team": "", "visibility": "team"}, follow=True)
     assert "Only a profile owned by a team" in refused.content.decode()
+    outsider = operator_client.post(url, {"team": team.pk, "visibility": "team"}, follow=True)
+    assert "Only members of the teams involved" in outsider.content.decode()
+    profile.refresh_from_db()
+    assert profile.team is None  # the operator is not in infra
+    team.members.add(operator.pk)
     operator_client.post(url, {"team": team.pk, "visibility": "team"})
     profile.refresh_from_db()
     assert profile.team == team and profile.visibility == "team"

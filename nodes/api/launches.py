@@ -11,7 +11,7 @@ from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
 from redis.exceptions import RedisError
 
-from nodes.api.auth import require
+from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
@@ -46,7 +46,7 @@ def list_launches(request: HttpRequest, filters: Query[LaunchFilter]) -> Any:
     return [launch_json(launch) for launch in rows[:200]]
 
 
-@router.post("", response={202: LaunchOut, **ERRORS})
+@router.post("", response={202: LaunchOut, **ERRORS}, auth=OperatorAuth())
 def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     """Launch a profile revision (``name@N``, or ``name`` for its latest) or a ``command`` line
     on ``node``; pre-flight runs on the node next (``status`` moves from ``pending``)."""
@@ -55,7 +55,7 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     if bool(body.profile) == bool(body.command):
         raise HttpError(400, "give a profile or a command, not both")
     try:
-        revision = launches.resolve_profile(body.profile) if body.profile else None
+        revision = launches.resolve_profile(body.profile, request.user) if body.profile else None
         launch = launches.submit(
             node=node,
             revision=revision,
@@ -89,7 +89,11 @@ def launch_log(request: HttpRequest, launch_id: int, after: int = 0) -> Any:
     }
 
 
-@router.post("/{launch_id}/stop", response={202: Accepted, 503: dict[str, str], **ERRORS})
+@router.post(
+    "/{launch_id}/stop",
+    response={202: Accepted, 503: dict[str, str], **ERRORS},
+    auth=OperatorAuth(),
+)
 def stop(request: HttpRequest, launch_id: int) -> Any:
     require(request, Role.OPERATOR)
     launch = get_object_or_404(Launch, pk=launch_id)

@@ -12,7 +12,7 @@ from ninja.errors import HttpError
 from redis.exceptions import RedisError
 
 from nodes import ssh
-from nodes.api.auth import require
+from nodes.api.auth import OperatorAuth, require
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, Error, NodeOut
 from nodes.audit import record
 from nodes.choices import Role
@@ -62,7 +62,7 @@ def get_node(request: HttpRequest, name: str) -> Any:
     return node_json(named(name))
 
 
-@router.post("/{name}/discover", response={202: Accepted, **ERRORS})
+@router.post("/{name}/discover", response={202: Accepted, **ERRORS}, auth=OperatorAuth())
 def discover(request: HttpRequest, name: str) -> Any:
     """Queue a discovery of the node (GPUs, RAM, SGLang version) over SSH."""
     require(request, Role.OPERATOR)
@@ -88,7 +88,9 @@ def gpu_holders(request: HttpRequest, name: str) -> Any:
         return Status(409, {"detail": f"{node.name} did not answer: {exc.message}"})
 
 
-@router.post("/{name}/cleanup", response={202: Accepted, 503: dict[str, str], **ERRORS})
+@router.post(
+    "/{name}/cleanup", response={202: Accepted, 503: dict[str, str], **ERRORS}, auth=OperatorAuth()
+)
 def run_cleanup(request: HttpRequest, name: str, body: CleanupIn) -> Any:
     """Queue a cleanup of the node's GPUs; ``include_foreign`` names other holders (by PID)
     that may be killed. Follow it at ``/api/cleanups/{id}``."""

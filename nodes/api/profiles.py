@@ -9,7 +9,7 @@ from django.shortcuts import get_object_or_404
 from ninja import Body, Router, Status
 from ninja.errors import HttpError
 
-from nodes.api.auth import require
+from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
 from nodes.choices import Role
@@ -26,7 +26,8 @@ router = Router(tags=["profiles"])
 
 def profile_json(p: LaunchProfile) -> dict[str, Any]:
     doc = exchange.export([p.name])["profiles"][0]
-    return {"id": p.pk, **{k: doc[k] for k in ("name", "created_by", "revisions")}}
+    keys = ("name", "created_by", "team", "visibility", "revisions")
+    return {"id": p.pk, **{k: doc[k] for k in keys}}
 
 
 @router.get("", response={200: list[ProfileOut], **READ_ERRORS})
@@ -42,7 +43,7 @@ def export_profiles(request: HttpRequest) -> Any:
     return exchange.export(names)
 
 
-@router.post("/import", response={200: dict[str, list[str]], **ERRORS})
+@router.post("/import", response={200: dict[str, list[str]], **ERRORS}, auth=OperatorAuth())
 def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
     """An export brought in: every revision validated first; existing equal revisions are
     skipped, different ones reported as conflicts and left alone."""
@@ -85,7 +86,7 @@ def _budget(report: BudgetReport) -> dict[str, Any]:
     }
 
 
-@router.post("/{name}/revisions", response={201: BudgetOut, **ERRORS})
+@router.post("/{name}/revisions", response={201: BudgetOut, **ERRORS}, auth=OperatorAuth())
 def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
     """Save the next revision of profile ``name`` (made if new) after checking it on ``node``:
     400 with the budget when it is blocked, or warns and ``acknowledge_warnings`` is false."""

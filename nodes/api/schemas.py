@@ -43,12 +43,14 @@ class Accepted(Schema):
 
 class StampOut(Schema):
     node: str
-    gpu_class: str
+    gpu_name: str
+    gpu_count: int
+    gpu_memory_bytes: int
+    host_ram_bytes: int | None = None
     sglang_version: str
     launched_by: str
     stamped_at: datetime
     healthy_seconds: int
-    launch_id: int | None = None
     observed: dict[str, Any]
     estimate: dict[str, Any] | None = None
 
@@ -70,6 +72,8 @@ class ProfileOut(Schema):
     id: int
     name: str
     created_by: str
+    team: str | None = None
+    visibility: str
     revisions: list[RevisionOut]
 
 

@@ -18,10 +18,10 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from nodes.domain.redact import redact_args, redact_env
+from nodes.domain.redact import MASK, redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
-from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision
+from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.services.profiles import DEFAULT_VERSION
 
 FORMAT = "rankwise-profiles/1"
@@ -43,9 +43,11 @@ def export(names: list[str] | None = None, *, secrets: bool = False) -> dict[str
             {
                 "name": p.name,
                 "created_by": p.created_by,
+                "team": p.team.name if p.team else None,
+                "visibility": p.visibility,
                 "revisions": [_revision(r, secrets) for r in p.revisions.order_by("number")],
             }
-            for p in profiles
+            for p in profiles.select_related("team")
         ],
     }
 
@@ -90,9 +92,15 @@ class ImportReport:
     created: list[str] = field(default_factory=list)  # "name@N"
     skipped: list[str] = field(default_factory=list)  # already here, the same
     conflicts: list[str] = field(default_factory=list)  # already here, different
+    notes: list[str] = field(default_factory=list)  # what came in differently, in words
 
     def to_json(self) -> dict[str, list[str]]:
-        return {"created": self.created, "skipped": self.skipped, "conflicts": self.conflicts}
+        return {
+            "created": self.created,
+            "skipped": self.skipped,
+            "conflicts": self.conflicts,
+            "notes": self.notes,
+        }
 
 
 def import_(doc: Any, *, author: str) -> ImportReport:
@@ -101,10 +109,26 @@ def import_(doc: Any, *, author: str) -> ImportReport:
     profiles = _checked(doc)
     report = ImportReport()
     nodes = {n.name: n for n in Node.objects.all()}
+    teams = {t.name: t for t in Team.objects.all()}
+    missing_nodes: set[str] = set()
     with transaction.atomic():
         for p in profiles:
-            profile, _ = LaunchProfile.objects.get_or_create(
-                name=p["name"], defaults={"created_by": p.get("created_by") or author}
+            team = teams.get(p.get("team") or "")
+            if p.get("team") and team is None:
+                report.notes.append(
+                    f"{p['name']}: team {p['team']!r} is not here; the profile is visible to "
+                    "everyone until an operator gives it a team"
+                )
+            visibility = p.get("visibility") if team is not None else "everyone"
+            profile, made = LaunchProfile.objects.get_or_create(
+                name=p["name"],
+                defaults={
+                    "created_by": p.get("created_by") or author,
+                    "team": team,
+                    "visibility": visibility
+                    if visibility in LaunchProfile.Visibility.values
+                    else "everyone",
+                },
             )
             for r in p["revisions"]:
                 label = f"{profile.name}@{r['number']}"
@@ -113,6 +137,16 @@ def import_(doc: Any, *, author: str) -> ImportReport:
                     same = list(here.args) == r["args"] and dict(here.env) == r["env"]
                     (report.skipped if same else report.conflicts).append(label)
                     continue
+                if r.get("node") and r["node"] not in nodes:
+                    missing_nodes.add(r["node"])
+                masked = [k for k, v in r["env"].items() if v == MASK] + [
+                    a for a, b in zip(r["args"], r["args"][1:], strict=False) if b == MASK
+                ]
+                if masked:
+                    report.notes.append(
+                        f"{label}: {', '.join(masked)} came in masked (****): set the real "
+                        "values in a new revision before launching it"
+                    )
                 revision = ProfileRevision.objects.create(
                     profile=profile,
                     number=r["number"],
@@ -143,6 +177,11 @@ def import_(doc: Any, *, author: str) -> ImportReport:
                         estimate=s.get("estimate"),
                     )
                 report.created.append(label)
+    if missing_nodes:
+        report.notes.append(
+            f"nodes {', '.join(sorted(missing_nodes))} are not in this panel: the revisions and "
+            "stamps keep their names but name no node here"
+        )
     return report
 
 

@@ -36,7 +36,7 @@ from nodes.domain.redact import mask_text, redact_args, redact_env, secret_value
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
-from nodes.services import cleanup, diagnoses, discovery
+from nodes.services import cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for
 from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
 
@@ -84,12 +84,14 @@ def args_of(launch: Launch) -> list[str]:
 # --- creating a launch ---------------------------------------------------------------------
 
 
-def resolve_profile(spec: str) -> ProfileRevision:
-    """``NAME`` (latest revision) or ``NAME@REV``; raises ``LaunchInputError``."""
+def resolve_profile(spec: str, actor: Actor | None = None) -> ProfileRevision:
+    """``NAME`` (latest revision) or ``NAME@REV``, among the profiles ``actor`` may see (all
+    when no actor is given); raises ``LaunchInputError``."""
     name, at, number = spec.partition("@")
     if at and not re.fullmatch(r"[0-9]{1,9}", number):
         raise LaunchInputError(f"{spec!r}: the revision after @ must be a number")
-    profile = LaunchProfile.objects.filter(name=name).first()
+    seen = teams.visible_profiles(actor) if actor is not None else LaunchProfile.objects.all()
+    profile = seen.filter(name=name).first()
     if profile is None:
         raise LaunchInputError(f"no profile named {name!r}")
     if number:

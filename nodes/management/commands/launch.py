@@ -95,7 +95,9 @@ class Command(OneLineCommand):
                 f"--timeout must be between 1 and {MAX_TIMEOUT_S} seconds", returncode=2
             )
         try:
-            revision = launches.resolve_profile(options["profile"]) if options["profile"] else None
+            revision = (
+                launches.resolve_profile(options["profile"], actor) if options["profile"] else None
+            )
             launch = launches.submit(
                 node=node,
                 revision=revision,
@@ -157,6 +159,13 @@ class Command(OneLineCommand):
             self.note(f"  [{mark}] {check.get('name')}: {check.get('detail')}")
 
     def finish(self, launch: Launch, code: int) -> None:
+        if launch.status == LaunchStatus.FAILED:
+            # The follower diagnoses a moment after the failure; give it that moment.
+            for _ in range(20):
+                if launch.diagnosis:
+                    break
+                time.sleep(0.25)
+                launch.refresh_from_db()
         if self.as_json:
             self.stdout.write(json.dumps(launch_json(launch)))
         else:
@@ -164,16 +173,9 @@ class Command(OneLineCommand):
                 f"launch #{launch.pk} {launch.status}"
                 + (f": {launch.reason}" if launch.reason else "")
             )
-            if launch.status == LaunchStatus.FAILED:
-                # The follower diagnoses a moment after the failure; give it that moment.
-                for _ in range(20):
-                    if launch.diagnosis:
-                        break
-                    time.sleep(0.25)
-                    launch.refresh_from_db()
-                if isinstance(launch.diagnosis, dict):
-                    self.stdout.write(f"  diagnosis: {launch.diagnosis.get('category')}: "
+            if isinstance(launch.diagnosis, dict):
+                self.stdout.write(f"  diagnosis: {launch.diagnosis.get('category')}: "
                                       f"{launch.diagnosis.get('summary')}")  # fmt: skip
-                    self.stdout.write(f"  fix: {launch.diagnosis.get('remedy')}")
+                self.stdout.write(f"  fix: {launch.diagnosis.get('remedy')}")
         sys.stdout.flush()
         raise SystemExit(code)
