@@ -3,6 +3,8 @@ the panel proposes there, save it, launch it, and see it ready."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from playwright.sync_api import expect
 
@@ -22,7 +24,7 @@ ARGS = [
 ]  # fmt: skip
 
 
-def ready_node(sim):
+def ready_node(sim: Any) -> Any:
     sim.reboot()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
