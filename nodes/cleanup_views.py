@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import messages
@@ -41,7 +42,11 @@ def _launch_of(request: HtmxHttpRequest, node: Node) -> Launch | None:
     text = request.GET.get("launch") or request.POST.get("launch") or ""
     if not text:
         return None
-    launch = Launch.objects.filter(pk=int(text), node=node).first() if text.isdigit() else None
+    launch = (
+        Launch.objects.filter(pk=int(text), node=node).first()
+        if re.fullmatch(r"[0-9]{1,9}", text)
+        else None
+    )
     if launch is None:
         raise Http404(f"no launch {text[:20]!r} on {node.name}")
     return launch

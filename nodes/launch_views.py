@@ -48,6 +48,7 @@ from nodes.models import Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.roles import has_role, role_required
 from nodes.services import bundles, diagnoses, launches
 from nodes.services.follower import channel
+from nodes.services.teams import visible_profiles
 from nodes.tasks import stop_launch
 from nodes.views import HtmxHttpRequest, _redirect
 
@@ -121,15 +122,19 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
             if request.GET.get(key):
                 initial[key] = request.GET[key]
         form = LaunchForm(initial=initial, user=request.user)
-    return render(request, "nodes/launch_form.html", {"form": form, "preset": _preset(form)})
+    return render(
+        request, "nodes/launch_form.html", {"form": form, "preset": _preset(form, request.user)}
+    )
 
 
-def _preset(form: LaunchForm) -> dict[str, str] | None:
+def _preset(form: LaunchForm, user: Any) -> dict[str, str] | None:
     """The revision the form launches, spelled out (masked) when it is not in the choices
     shown: an ad-hoc command's revision, or one just saved from a diagnosis's fix."""
     pk = form["adhoc_revision"].value() or form["revision"].value()
     try:
-        revision = ProfileRevision.objects.select_related("profile").get(pk=int(pk))
+        revision = ProfileRevision.objects.select_related("profile").get(
+            pk=int(pk), profile__in=visible_profiles(user)
+        )
     except (TypeError, ValueError, ProfileRevision.DoesNotExist):
         return None
     masked = redact_args(list(revision.args))

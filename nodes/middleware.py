@@ -6,7 +6,8 @@ import re
 import uuid
 from collections.abc import Callable
 
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -24,3 +25,28 @@ class RequestIdMiddleware:
         response = self.get_response(request)
         response["X-Request-ID"] = request_id
         return response
+
+
+class ApiNulMiddleware:
+    """The API refuses NUL characters in bodies and queries (PostgreSQL text cannot hold them)
+    with a 400 before any view reads them; the pages' forms refuse them field by field."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if request.path.startswith("/api/") and (
+            "%00" in request.META.get("QUERY_STRING", "")
+            or "\x00" in request.path
+            or (request.method in ("POST", "PUT", "PATCH") and _nul_in_body(request))
+        ):
+            return JsonResponse({"detail": "NUL characters are not accepted"}, status=400)
+        return self.get_response(request)
+
+
+def _nul_in_body(request: HttpRequest) -> bool:
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return False  # Django answers that itself
+    return b"\\u0000" in body or b"\x00" in body

@@ -70,7 +70,7 @@ def profile_list(request: HtmxHttpRequest) -> HttpResponse:
 
 def _gpu_class_filter(text: str) -> dict[str, Any]:
     """``8 × NVIDIA H200 (96 GiB)`` → the stamp fields it stands for (nothing matches junk)."""
-    match = re.fullmatch(r"(\d+) × (.+) \((\d+) GiB\)", text)
+    match = re.fullmatch(r"([0-9]{1,4}) × ([^\x00]{1,128}) \(([0-9]{1,7}) GiB\)", text)
     if not match:
         return {"pk__in": []}
     count, name, gib = int(match[1]), match[2], int(match[3])
@@ -97,7 +97,11 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     """Which team owns the profile, and whether everyone or only that team sees it."""
     profile = get_object_or_404(visible_profiles(request.user), pk=pk)
     team_id = request.POST.get("team", "")
-    team = Team.objects.filter(pk=int(team_id)).first() if team_id.isdigit() else None
+    team = (
+        Team.objects.filter(pk=int(team_id)).first()
+        if re.fullmatch(r"[0-9]{1,9}", team_id)
+        else None
+    )
     visibility = request.POST.get("visibility", "")
     if visibility not in LaunchProfile.Visibility.values or (team_id and team is None):
         messages.error(request, "Choose a team (or none) and who may see the profile.")
@@ -276,18 +280,23 @@ def clone_to(revision: ProfileRevision, target: Node) -> dict[str, Any]:
         "proposed": proposed,
         "changes": rows,
         "proposed_command": shlex.join(["python3", "-m", "sglang.launch_server", *proposed_args]),
+        "shown_command": shlex.join(
+            ["python3", "-m", "sglang.launch_server", *redact_args(proposed_args)]
+        ),
         "edit_url": f"{reverse('nodes:profile-create')}?{query}",
     }
 
 
 def _revision_of(profile: LaunchProfile, number: str | None) -> ProfileRevision | None:
-    if number and number.isdigit():
+    if number and re.fullmatch(r"[0-9]{1,9}", number):
         return profile.revisions.filter(number=int(number)).first()
     return profile.latest()
 
 
 def _node_of(pk: str | None) -> Node | None:
-    return Node.objects.filter(pk=int(pk)).first() if pk and pk.isdigit() else None
+    return (
+        Node.objects.filter(pk=int(pk)).first() if pk and re.fullmatch(r"[0-9]{1,9}", pk) else None
+    )
 
 
 def _clone_initial(request: HtmxHttpRequest) -> tuple[dict[str, Any], str] | None:
@@ -295,7 +304,11 @@ def _clone_initial(request: HtmxHttpRequest) -> tuple[dict[str, Any], str] | Non
     flags with the target's suggested changes applied (``apply=1``), a new name."""
     source = (
         ProfileRevision.objects.select_related("profile")
-        .filter(pk=int(request.GET["clone"]) if request.GET.get("clone", "").isdigit() else -1)
+        .filter(
+            pk=int(request.GET["clone"])
+            if re.fullmatch(r"[0-9]{1,9}", request.GET.get("clone", ""))
+            else -1
+        )
         .first()
     )
     target = _node_of(request.GET.get("node"))

@@ -229,6 +229,21 @@ def test_export_then_import_into_an_empty_database_reproduces_profiles_revisions
     assert any("nodes elsewhere are not in this panel" in n for n in notes)
 
 
+def test_odd_input_is_refused_with_a_reason_not_a_500(client, node, profile):
+    headers = bearer("operator")
+    nul = call(client, "POST", "/api/profiles/validate", headers, {"node": "gpu\u0000", "args": []})
+    assert nul.status_code == 400 and "NUL" in nul.json()["detail"]
+    huge = call(
+        client, "POST", "/api/launches", headers,
+        {"node": "gpu-01", "profile": "kimi", "timeout_s": 2**63},
+    )  # fmt: skip
+    assert huge.status_code == 422
+    again = exchange.export()  # masked, as anyone downloads it
+    report = call(client, "POST", "/api/profiles/import", headers, again).json()
+    assert report["skipped"] == ["kimi@1"] and not report["conflicts"]
+    assert AuditEntry.objects.filter(action="profile.import").exists()
+
+
 def test_a_viewer_is_refused_a_change_before_its_body_is_read(client, node, profile):
     headers = bearer("viewer")
     for path in ("/api/launches", "/api/profiles/kimi/revisions", "/api/profiles/import"):
@@ -243,8 +258,54 @@ def test_a_viewer_is_refused_a_change_before_its_body_is_read(client, node, prof
             {"profiles": [{"name": "x", "revisions": [{"number": 1, "args": ["--bogus"]}]}]},
             "refuses",
         ),
-        ({"profiles": [{"name": "x", "revisions": [{"number": 0, "args": []}]}]}, "number of 1"),
+        ({"profiles": [{"name": "x", "revisions": [{"number": 0, "args": []}]}]}, "from 1 to"),
         ({"profiles": [{"name": "x", "revisions": [{"number": 1, "args": [1]}]}]}, "strings"),
+        ({"profiles": [{"name": "../etc", "revisions": []}]}, "lower-case letters"),
+        ({"profiles": [{"name": "x", "revisions": [{"number": 2**63, "args": []}]}]}, "whole"),
+        (
+            {
+                "profiles": [
+                    {
+                        "name": "x",
+                        "revisions": [{"number": 1, "args": ["--model-path", "/m"], "stamps": 5}],
+                    }
+                ]
+            },
+            "stamps must be a list",
+        ),
+        (
+            {
+                "profiles": [
+                    {"name": "x", "revisions": [{"number": 1, "args": [], "env": {"A B": "1"}}]}
+                ]
+            },
+            "variable names",
+        ),
+        (
+            {
+                "profiles": [
+                    {
+                        "name": "x",
+                        "revisions": [
+                            {
+                                "number": 1,
+                                "args": ["--model-path", "/m"],
+                                "stamps": [
+                                    {
+                                        "node": "n",
+                                        "gpu_name": "g",
+                                        "gpu_count": 1,
+                                        "gpu_memory_bytes": 1,
+                                        "healthy_seconds": "abc",
+                                    }
+                                ],
+                            }
+                        ],
+                    }
+                ]
+            },
+            "whole number",
+        ),
     ],
 )
 def test_an_import_that_cannot_be_read_saves_nothing(node, change, message):

@@ -8,8 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
-from nodes.models import LaunchProfile, ProfileRevision
+from nodes.models import KnownGoodStamp, LaunchProfile, ProfileRevision
 from nodes.services import tokens
 from tests.factories import make_node, make_user
 
@@ -24,9 +25,14 @@ CHECKS = (
 def test_generated_requests_get_no_5xx_and_schema_conforming_answers(panel, role, tmp_path):
     node = make_node("gpu-01", sglang_version="0.5.9")
     profile = LaunchProfile.objects.create(name="kimi", created_by="pat")
-    ProfileRevision.objects.create(
+    revision = ProfileRevision.objects.create(
         profile=profile, number=1, args=["--model-path", "/m", "--tp-size", "8"], env={},
         author="pat", node=node, verdict="ok", report={"lines": [], "messages": []},
+    )  # fmt: skip
+    KnownGoodStamp.objects.create(
+        revision=revision, node=node, node_name="gpu-01", gpu_name="NVIDIA H200", gpu_count=8,
+        gpu_memory_bytes=96 * 2**30, sglang_version="0.5.9", launched_by="pat",
+        stamped_at=timezone.now(), healthy_seconds=900, observed={}, estimate=None,
     )  # fmt: skip
     token = tokens.create(make_user(role, role), "schemathesis")
     done = subprocess.run(

@@ -75,6 +75,8 @@ def test_a_team_only_profile_is_hidden_from_others_on_pages_and_the_api(client):
     token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(outsider, 't')}"}
     assert [p["name"] for p in client.get("/api/profiles", **token).json()] == ["shared"]
     assert client.get("/api/profiles/secret", **token).status_code == 404
+    exported = client.get("/api/profiles/export", **token).json()
+    assert [p["name"] for p in exported["profiles"]] == ["shared"]
     # Nor can an outsider launch it, from the form or the API.
     make = make_user("oscar", "operator")
     client.force_login(make)

@@ -62,7 +62,9 @@ def get_node(request: HttpRequest, name: str) -> Any:
     return node_json(named(name))
 
 
-@router.post("/{name}/discover", response={202: Accepted, **ERRORS}, auth=OperatorAuth())
+@router.post(
+    "/{name}/discover", response={202: Accepted, 503: Error, **ERRORS}, auth=OperatorAuth()
+)
 def discover(request: HttpRequest, name: str) -> Any:
     """Queue a discovery of the node (GPUs, RAM, SGLang version) over SSH."""
     require(request, Role.OPERATOR)
@@ -101,8 +103,8 @@ def run_cleanup(request: HttpRequest, name: str, body: CleanupIn) -> Any:
         launch = Launch.objects.filter(pk=body.launch).first()
         if launch is None:
             raise HttpError(404, f"no launch #{body.launch}")
-    if any(p < 2 for p in body.include_foreign):
-        raise HttpError(400, "include_foreign: process ids are 2 or more")
+    if any(not 2 <= p <= 2**22 for p in body.include_foreign):
+        raise HttpError(400, "include_foreign: process ids are 2 to 4194304")
     try:
         job = cleanup.request(
             node,

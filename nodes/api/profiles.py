@@ -12,6 +12,7 @@ from ninja.errors import HttpError
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
+from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport
@@ -48,10 +49,17 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
     """An export brought in: every revision validated first; existing equal revisions are
     skipped, different ones reported as conflicts and left alone."""
     require(request, Role.OPERATOR)
+    mine = visible_profiles(request.user)
     try:
-        return exchange.import_(doc, author=request.user.get_username()).to_json()
+        report = exchange.import_(
+            doc,
+            author=request.user.get_username(),
+            writable=lambda p: mine.filter(pk=p.pk).exists(),
+        )
     except exchange.ImportRefused as exc:
         raise HttpError(400, str(exc)) from None
+    record("profile.import", actor=request.user, after=report.to_json(), request=request)
+    return report.to_json()
 
 
 @router.post("/validate", response={200: BudgetOut, **ERRORS})
@@ -96,6 +104,11 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
     existing = LaunchProfile.objects.filter(name=name).first()
     if existing is not None and existing.adhoc:
         raise HttpError(400, f"{name} is an ad-hoc profile of a launch")
+    if existing is not None and not visible_profiles(request.user).filter(pk=existing.pk).exists():
+        raise HttpError(404, "no such profile")  # a team's own profile: others cannot write to it
+    bad = [k for k in body.env if not k.isidentifier() or not k.isascii()]
+    if bad:
+        raise HttpError(400, f"env: {bad[0]!r} is not a variable name")
     node = named(body.node)
     report = _check(node, body.args, body.env)
     if report.verdict == "block" or (report.verdict == "warn" and not body.acknowledge_warnings):

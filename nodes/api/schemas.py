@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from ninja import Schema
+from ninja import Field, Schema
 
 
 class Error(Schema):
@@ -13,7 +13,7 @@ class Error(Schema):
 
 
 ERRORS: dict[int, type[Schema]] = {400: Error, 401: Error, 403: Error, 404: Error, 422: Error}
-READ_ERRORS: dict[int, type[Schema]] = {401: Error, 404: Error, 422: Error}
+READ_ERRORS: dict[int, type[Schema]] = {400: Error, 401: Error, 404: Error, 422: Error}
 
 
 class GpuOut(Schema):
@@ -78,17 +78,17 @@ class ProfileOut(Schema):
 
 
 class RevisionIn(Schema):
-    node: str
-    args: list[str]
-    env: dict[str, str] = {}
-    message: str = ""
+    node: str = Field(..., max_length=63)
+    args: list[str] = Field(..., max_length=2000, description="Flags after the launcher.")
+    env: dict[str, str] = Field(default_factory=dict, max_length=200)
+    message: str = Field("", max_length=500)
     acknowledge_warnings: bool = False
 
 
 class ValidateIn(Schema):
-    node: str
-    args: list[str]
-    env: dict[str, str] = {}
+    node: str = Field(..., max_length=63)
+    args: list[str] = Field(..., max_length=2000, description="Flags after the launcher.")
+    env: dict[str, str] = Field(default_factory=dict, max_length=200)
 
 
 class BudgetOut(Schema):
@@ -99,13 +99,13 @@ class BudgetOut(Schema):
 
 
 class LaunchIn(Schema):
-    node: str
-    profile: str | None = None
-    command: str | None = None
-    gpus: list[int] | None = None
-    port: int | None = None
-    overrides: dict[str, str] = {}
-    timeout_s: int | None = None
+    node: str = Field(..., max_length=63)
+    profile: str | None = Field(None, max_length=80)
+    command: str | None = Field(None, max_length=65536)
+    gpus: list[int] | None = Field(None, max_length=64)
+    port: int | None = Field(None, ge=1, le=65535)
+    overrides: dict[str, str] = Field(default_factory=dict, max_length=16)
+    timeout_s: int | None = Field(None, ge=1, le=7 * 24 * 3600)
 
 
 class LaunchOut(Schema):
@@ -132,9 +132,9 @@ class LogOut(Schema):
 
 
 class CleanupIn(Schema):
-    launch: int | None = None
-    gpus: list[int] | None = None
-    include_foreign: list[int] = []
+    launch: int | None = Field(None, ge=1, le=2**62)
+    gpus: list[int] | None = Field(None, max_length=64)
+    include_foreign: list[int] = Field(default_factory=list, max_length=64)
 
 
 class CleanupOut(Schema):

@@ -41,7 +41,7 @@ class GpuSpec:
 
 def check_node_name(name: str) -> str | None:
     """Node names are lower-case DNS-like labels: a-z, 0-9, '.', '_', '-', at most 63 characters."""
-    if not _NODE_NAME.match(name):
+    if not _NODE_NAME.fullmatch(name):
         return (
             "Use 1–63 lower-case letters, digits, '.', '_' or '-', "
             "starting and ending with a letter or digit."

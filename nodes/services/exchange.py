@@ -10,6 +10,8 @@ environment is skipped; with different ones it is a conflict, reported and not a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -18,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from nodes.domain.inventory import check_node_name
 from nodes.domain.redact import MASK, redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
@@ -34,7 +37,7 @@ def export(names: list[str] | None = None, *, secrets: bool = False) -> dict[str
     profiles = LaunchProfile.objects.filter(adhoc=False).prefetch_related(
         "revisions__stamps", "revisions__node"
     )
-    if names:
+    if names is not None:
         profiles = profiles.filter(name__in=names)
     return {
         "format": FORMAT,
@@ -103,9 +106,12 @@ class ImportReport:
         }
 
 
-def import_(doc: Any, *, author: str) -> ImportReport:
+def import_(
+    doc: Any, *, author: str, writable: Callable[[LaunchProfile], bool] | None = None
+) -> ImportReport:
     """Bring an export in; raises ``ImportRefused`` (and saves nothing) for a document or a
-    revision that cannot be read."""
+    revision that cannot be read. A profile already here that ``writable`` refuses (another
+    team's, an ad-hoc one) is reported as a conflict and left alone."""
     profiles = _checked(doc)
     report = ImportReport()
     nodes = {n.name: n for n in Node.objects.all()}
@@ -130,11 +136,18 @@ def import_(doc: Any, *, author: str) -> ImportReport:
                     else "everyone",
                 },
             )
+            if not made and (profile.adhoc or (writable is not None and not writable(profile))):
+                report.conflicts += [f"{profile.name}@{r['number']}" for r in p["revisions"]]
+                continue
             for r in p["revisions"]:
                 label = f"{profile.name}@{r['number']}"
                 here = profile.revisions.filter(number=r["number"]).first()
                 if here is not None:
-                    same = list(here.args) == r["args"] and dict(here.env) == r["env"]
+                    # Secret values are compared as exported (``****``): a masked export of
+                    # this panel's own profiles comes back "the same".
+                    same = redact_args(list(here.args)) == redact_args(r["args"]) and redact_env(
+                        dict(here.env)
+                    ) == redact_env(r["env"])
                     (report.skipped if same else report.conflicts).append(label)
                     continue
                 if r.get("node") and r["node"] not in nodes:
@@ -193,50 +206,110 @@ def _keep_created(revision: ProfileRevision, text: Any) -> None:
 
 def _when(text: Any) -> datetime | None:
     try:
-        return parse_datetime(text) if isinstance(text, str) else None
-    except ValueError:
+        when = parse_datetime(text) if isinstance(text, str) else None
+        if when is not None:
+            when.timestamp()  # a date no database column holds raises here, not on save
+        return when
+    except (ValueError, OverflowError):
         return None
 
 
+MAX_PROFILES, MAX_REVISIONS, MAX_STAMPS = 500, 2000, 100
+VERSION = re.compile(r"[0-9A-Za-z.+-]{1,32}")
+
+
 def _checked(doc: Any) -> list[dict[str, Any]]:
-    """The document's profiles, each revision's flags read by its version's parser."""
+    """The document's profiles, every field checked as the pages check it and each revision's
+    flags read by its version's parser; raises ``ImportRefused`` at the first problem."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ImportRefused(f"not a {FORMAT} document")
     profiles = doc.get("profiles")
-    if not isinstance(profiles, list):
-        raise ImportRefused("profiles must be a list")
+    if not isinstance(profiles, list) or len(profiles) > MAX_PROFILES:
+        raise ImportRefused(f"profiles must be a list of at most {MAX_PROFILES}")
+    total = 0
     for p in profiles:
-        if not isinstance(p, dict) or not isinstance(p.get("name"), str) or not p["name"]:
+        if not isinstance(p, dict) or not isinstance(p.get("name"), str):
             raise ImportRefused("each profile needs a name")
-        if len(p["name"]) > 63 or not isinstance(p.get("revisions"), list):
-            raise ImportRefused(f"{p['name'][:63]}: a name of 63 characters at most, revisions")
+        if problem := check_node_name(p["name"]):
+            raise ImportRefused(f"{p['name'][:63]!r}: {problem}")
+        _text(p, "created_by", p["name"], 150)
+        _text(p, "team", p["name"], 63)
+        if p.get("visibility") not in (None, *LaunchProfile.Visibility.values):
+            raise ImportRefused(f"{p['name']}: visibility is everyone or team")
+        if not isinstance(p.get("revisions"), list):
+            raise ImportRefused(f"{p['name']}: revisions must be a list")
+        total += len(p["revisions"])
+        if total > MAX_REVISIONS:
+            raise ImportRefused(f"at most {MAX_REVISIONS} revisions per document")
         for r in p["revisions"]:
             _check_revision(p["name"], r)
     return profiles
 
 
+def _text(doc: dict[str, Any], key: str, label: str, longest: int) -> None:
+    value = doc.get(key)
+    if value is not None and (not isinstance(value, str) or len(value) > longest):
+        raise ImportRefused(f"{label}: {key} must be text of at most {longest} characters")
+
+
+def _whole(doc: dict[str, Any], key: str, label: str, low: int, high: int) -> None:
+    value = doc.get(key)
+    if value is not None and (
+        not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high
+    ):
+        raise ImportRefused(f"{label}: {key} must be a whole number from {low} to {high}")
+
+
 def _check_revision(name: str, r: Any) -> None:
-    if not isinstance(r, dict) or not isinstance(r.get("number"), int) or r["number"] < 1:
+    if not isinstance(r, dict) or r.get("number") is None:
         raise ImportRefused(f"{name}: each revision needs a number of 1 or more")
+    _whole(r, "number", name, 1, 10**6)
     label = f"{name}@{r['number']}"
     if not isinstance(r.get("args"), list) or not all(isinstance(a, str) for a in r["args"]):
         raise ImportRefused(f"{label}: args must be a list of strings")
+    if len(r["args"]) > 2000 or sum(map(len, r["args"])) > 65536:
+        raise ImportRefused(f"{label}: args are longer than a command line can be")
     env = r.setdefault("env", {})
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise ImportRefused(f"{label}: env must map names to strings")
-    version = str(r.get("sglang_version") or DEFAULT_VERSION)
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and k.isidentifier() and k.isascii() and isinstance(v, str)
+        for k, v in env.items()
+    ):
+        raise ImportRefused(f"{label}: env must map variable names to strings")
+    for key, longest in (("message", 500), ("author", 150), ("node", 63), ("created", 40)):
+        _text(r, key, label, longest)
+    if r.get("verdict") not in (None, "ok", "warn", "block"):
+        raise ImportRefused(f"{label}: verdict is ok, warn or block")
+    if r.get("report") is not None and not isinstance(r["report"], dict):
+        raise ImportRefused(f"{label}: report must be an object")
+    version = r.get("sglang_version") or DEFAULT_VERSION
+    if not isinstance(version, str) or not VERSION.fullmatch(version):
+        raise ImportRefused(f"{label}: {str(version)[:32]!r} is not an SGLang version")
     try:
-        flags = table(version[:32])
+        flags = table(version)
     except (ValueError, KeyError):
-        raise ImportRefused(f"{label}: {version[:32]!r} is not an SGLang version") from None
+        raise ImportRefused(f"{label}: {version!r} is not an SGLang version") from None
     parsed = parse_command(list(r["args"]), flags)
     refused = [i for i in parsed.issues if i.code in ("unknown", "invalid")]
     if refused:
         raise ImportRefused(f"{label}: SGLang {version} refuses it: {refused[0].message}")
-    for s in r.get("stamps") or []:
-        if not isinstance(s, dict) or not all(
-            isinstance(s.get(k), t)
-            for k, t in (("node", str), ("gpu_name", str), ("gpu_count", int))
-            + (("gpu_memory_bytes", int),)
-        ):
+    stamps = r.get("stamps") or []
+    if not isinstance(stamps, list) or len(stamps) > MAX_STAMPS:
+        raise ImportRefused(f"{label}: stamps must be a list of at most {MAX_STAMPS}")
+    for s in stamps:
+        if not isinstance(s, dict) or not isinstance(s.get("node"), str):
             raise ImportRefused(f"{label}: a stamp needs node, gpu_name, gpu_count, memory")
+        for key, longest in (("node", 63), ("gpu_name", 128), ("sglang_version", 32)):
+            _text(s, key, label, longest)
+        _text(s, "launched_by", label, 150)
+        _text(s, "stamped_at", label, 40)
+        if not isinstance(s.get("gpu_name"), str):
+            raise ImportRefused(f"{label}: a stamp needs gpu_name")
+        _whole(s, "gpu_count", label, 1, 64)
+        _whole(s, "gpu_memory_bytes", label, 1, 2**50)
+        _whole(s, "host_ram_bytes", label, 0, 2**55)
+        _whole(s, "healthy_seconds", label, 0, 2**31 - 1)
+        if s.get("gpu_count") is None or s.get("gpu_memory_bytes") is None:
+            raise ImportRefused(f"{label}: a stamp needs gpu_count and gpu_memory_bytes")
+        for key in ("observed", "estimate"):
+            if s.get(key) is not None and not isinstance(s[key], dict):
+                raise ImportRefused(f"{label}: a stamp's {key} must be an object")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -25,7 +26,15 @@ from nodes.models import Launch, LaunchProfile, Node, Team
 from nodes.roles import has_role
 
 log = logging.getLogger(__name__)
-WEBHOOK_TIMEOUT_S = 10
+WEBHOOK_TIMEOUT_S = 5
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
 
 
 def visible_profiles(user: AbstractBaseUser | AnonymousUser) -> QuerySet[LaunchProfile]:
@@ -85,14 +94,19 @@ def deliver(team_id: int, payload: dict[str, Any]) -> None:
         return
     body = json.dumps({**payload, "team": team.name}).encode()
     if team.webhook_url:
-        request = urllib.request.Request(
-            team.webhook_url,
-            data=body,
-            headers={"Content-Type": "application/json", "User-Agent": "Rankwise"},
-            method="POST",
-        )
-        with urllib.request.urlopen(request, timeout=WEBHOOK_TIMEOUT_S) as answer:
-            answer.read(1024)
+        if urllib.parse.urlsplit(team.webhook_url).scheme not in ("http", "https"):
+            log.warning("team %s: webhook %r is not http(s); not sent", team, team.webhook_url)
+        else:
+            request = urllib.request.Request(
+                team.webhook_url,
+                data=body,
+                headers={"Content-Type": "application/json", "User-Agent": "Rankwise"},
+                method="POST",
+            )
+            # The answer's status is all that matters: its body is not read, redirects are not
+            # followed, and each network wait is bounded.
+            with _OPENER.open(request, timeout=WEBHOOK_TIMEOUT_S):
+                pass
     sender = settings.RANKWISE_NOTIFY_EMAIL_FROM
     if team.email and sender:
         subject = f"[Rankwise] {payload['event']}: {payload.get('profile') or payload['node']}"

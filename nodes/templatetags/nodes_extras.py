@@ -15,9 +15,13 @@ register = template.Library()
 @register.filter
 def size(value: int | None, unit: str = "GiB") -> str:
     """``{{ node.host_ram_bytes|size:"GB" }}`` → ``"449 GB"``; an unknown size reads "unknown"."""
-    if value is None:
+    if value is None or isinstance(value, bool):
         return "unknown"
-    return format_bytes(int(value), unit if unit in UNITS else "GiB")
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return "unknown"
+    return format_bytes(number, unit if unit in UNITS else "GiB")
 
 
 @register.filter
