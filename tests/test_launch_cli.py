@@ -12,7 +12,7 @@ from nodes.services import discovery
 from nodes.services.profiles import evaluate, model_facts, save_revision
 from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
 from tests.factories import make_user
-from tests.fleet import simfleet
+from tests.fleet import simfleet, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QWEN = ["--model-path", "/srv/models/qwen2.5-7b", "--tp-size", "2"]
@@ -143,8 +143,9 @@ def test_wait_ready_then_list_log_and_stop(cli, spare, launch_workers):
     doc = json.loads(done.stdout)
     assert doc["status"] == "ready" and doc["profile"] == "qwen@1" and doc["reason"] == ""
     assert doc["server_info"]["tp_size"] == 2
-    launch = Launch.objects.get(pk=doc["id"])
-    assert launch.metrics is not None and "token_usage" in launch.metrics
+    # /metrics is read at ready and on every health poll after it.
+    launch = wait_until(lambda: (row := Launch.objects.get(pk=doc["id"])).metrics and row, 20, 0.3)
+    assert launch and "token_usage" in launch.metrics
 
     listed = json.loads(cli("launches", "--json").stdout)
     assert [(row["id"], row["status"]) for row in listed] == [(launch.pk, "ready")]

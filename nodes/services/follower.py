@@ -385,7 +385,10 @@ class Follower:
             status, body = ssh.http_get(client, launch.port, "/metrics", timeout=10)
         except ssh.RemoteError:
             return None
-        return summarise_metrics(body.decode(errors="replace")) if status == 200 else None
+        if status != 200:
+            return None
+        # No gauge yet (the server exports them once its first scrape is ready): nothing to keep.
+        return summarise_metrics(body.decode(errors="replace")) or None
 
     def _health(self, launch: Launch, client: Any) -> None:
         try:
