@@ -24,7 +24,13 @@ from nodes.flag_tables import table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import has_role, role_required
-from nodes.services.profiles import DEFAULT_VERSION, evaluate, model_facts, save_revision
+from nodes.services.profiles import (
+    DEFAULT_VERSION,
+    evaluate,
+    model_facts,
+    model_of,
+    save_revision,
+)
 from nodes.services.teams import visible_profiles
 from nodes.views import HtmxHttpRequest, _redirect
 
@@ -228,8 +234,7 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
     if node is None:
         messages.error(request, f"{old} names no node to check it on; edit it instead.")
         return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
-    flags = parse_command(list(old.args), table(node.sglang_version or DEFAULT_VERSION))
-    model = model_facts(node, str(flags.get("model_path", default="") or ""))
+    model = model_of(node, list(old.args))
     report = evaluate(list(old.args), node, model, env=dict(old.env or {}))
     try:
         revision = save_revision(
@@ -254,17 +259,16 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
 def clone_to(revision: ProfileRevision, target: Node) -> dict[str, Any]:
     """The revision's flags checked on ``target``; the budget's suggested changes applied and
     checked again."""
-    flags = parse_command(list(revision.args), table(target.sglang_version or DEFAULT_VERSION))
-    model = model_facts(target, str(flags.get("model_path", default="") or ""))
+    version = table(target.sglang_version or DEFAULT_VERSION)
+    flags = parse_command(list(revision.args), version)
+    model = model_of(target, list(revision.args))
     env = dict(revision.env or {})
     as_is = evaluate(list(revision.args), target, model, env=env)
     changes = dict(as_is.suggestion or {})
     proposed_args = list(revision.args)
     if changes:
         try:
-            proposed_args = remedy.with_changes(
-                proposed_args, changes, table(target.sglang_version or DEFAULT_VERSION)
-            )
+            proposed_args = remedy.with_changes(proposed_args, changes, version)
         except ValueError:
             changes = {}
     proposed = evaluate(proposed_args, target, model, env=env) if changes else as_is
@@ -279,7 +283,7 @@ def clone_to(revision: ProfileRevision, target: Node) -> dict[str, Any]:
         "as_is": as_is,
         "proposed": proposed,
         "changes": rows,
-        "proposed_command": shlex.join(["python3", "-m", "sglang.launch_server", *proposed_args]),
+        "proposed_args": proposed_args,
         "shown_command": shlex.join(
             ["python3", "-m", "sglang.launch_server", *redact_args(proposed_args)]
         ),
@@ -305,9 +309,10 @@ def _clone_initial(request: HtmxHttpRequest) -> tuple[dict[str, Any], str] | Non
     source = (
         ProfileRevision.objects.select_related("profile")
         .filter(
+            profile__in=visible_profiles(request.user),
             pk=int(request.GET["clone"])
             if re.fullmatch(r"[0-9]{1,9}", request.GET.get("clone", ""))
-            else -1
+            else -1,
         )
         .first()
     )
@@ -318,7 +323,7 @@ def _clone_initial(request: HtmxHttpRequest) -> tuple[dict[str, Any], str] | Non
     note = f"Cloned from {source} to {target.name}."
     if request.GET.get("apply") == "1":
         found = clone_to(source, target)
-        args = shlex.split(found["proposed_command"])[3:]
+        args = found["proposed_args"]
         if found["changes"]:
             shown = ", ".join(f"{o} {v}" for o, _, v in found["changes"])
             note += f" Proposed for {target.name}: {shown}."

@@ -12,6 +12,7 @@ import base64
 import hashlib
 import http.client
 import io
+import json
 import shlex
 import socket
 import threading
@@ -19,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import paramiko
 
@@ -304,6 +306,25 @@ def connect(target: Target, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHC
 def quote(argv: list[str]) -> str:
     """The one place an argument list becomes a remote shell command line."""
     return shlex.join(argv)
+
+
+def run_script(
+    client: paramiko.SSHClient,
+    source: str,
+    *args: str,
+    what: str,
+    stdin: bytes | None = None,
+    timeout: float = COMMAND_TIMEOUT_S,
+) -> dict[str, Any]:
+    """Run a stdlib Python script (``source``, sent as ``python3 -c``, so nothing is installed
+    on the node) with quoted ``args``; the JSON document its last output line holds. Raises
+    ``RemoteError`` (``what`` names the script in the message)."""
+    result = run(client, ["python3", "-c", source, *args], stdin=stdin, timeout=timeout)
+    try:
+        doc: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        raise RemoteError("command_failed", f"{what} printed no answer") from None
+    return doc
 
 
 def run(

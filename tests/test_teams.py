@@ -80,6 +80,9 @@ def test_a_team_only_profile_is_hidden_from_others_on_pages_and_the_api(client):
     # Nor can an outsider launch it, from the form or the API.
     make = make_user("oscar", "operator")
     client.force_login(make)
+    rev = secret.revisions.get()
+    cloned = client.get(reverse("nodes:profile-create"), {"clone": rev.pk, "node": node.pk})
+    assert cloned.status_code == 200 and "Cloned from secret" not in cloned.content.decode()
     form = client.get(reverse("nodes:launch-create")).content.decode()
     assert "secret@1" not in form
     op_token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(make, 't')}"}

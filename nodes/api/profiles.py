@@ -114,8 +114,7 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
     if report.verdict == "block" or (report.verdict == "warn" and not body.acknowledge_warnings):
         why = [m.text for m in report.messages if m.level in ("block", "warn")]
         raise HttpError(400, f"{report.verdict}: {'; '.join(why)}")
-    flags = parse_command(body.args, table(node.sglang_version or profiles.DEFAULT_VERSION))
-    model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
+    model = profiles.model_of(node, body.args)
     profiles.save_revision(
         profile_name=name,
         args=body.args,

@@ -12,6 +12,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from nodes.domain import timeline
+
 FORMAT = "rankwise-case/1"
 
 
@@ -90,13 +92,9 @@ def timeline_snapshots(
     if not samples:
         return []
     first = samples[0]
-    low = min(
-        samples[1:],
-        key=lambda s: s.get("host_available_bytes") or 2**63,
-        default=None,
-    )
+    low = timeline.lowest_available(samples[1:])
     picked = [("before_launch", first)]
-    if low is not None and (low.get("host_available_bytes") or 2**63) < (
+    if low is not None and low["host_available_bytes"] < (
         first.get("host_available_bytes") or 2**63
     ):
         picked.append(("during", low))

@@ -113,6 +113,11 @@ def _literal(text: str) -> Any:
         return text
 
 
+#: What an SGLang version string looks like (``0.5.9``, ``0.4.10.post2``, ``0.5.0rc1``): text
+#: from elsewhere (a bundle, an import) is checked against it before it is parsed as one.
+VERSION_TEXT = re.compile(r"\d{1,4}(?:\.\d{1,6}){0,3}(?:[.+-]?[A-Za-z][A-Za-z0-9]{0,15}){0,3}")
+
+
 def version_key(version: str) -> tuple[int, ...]:
     """``"0.5.9"`` → ``(0, 5, 9)``; ``"0.4.10.post2"`` → ``(0, 4, 10)``."""
     parts = []

@@ -11,7 +11,6 @@ will help. Foreign processes nobody named are never signalled.
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -60,12 +59,7 @@ class CleanupError(ValueError):
 
 def gpuctl(client: Any, *args: str, timeout: float = 60) -> dict[str, Any]:
     """Run a ``gpuctl`` command on the node; its JSON answer. Raises ``ssh.RemoteError``."""
-    result = ssh.run(client, ["python3", "-c", GPUCTL, *args], timeout=timeout)
-    try:
-        doc: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise ssh.RemoteError("command_failed", "GPU control printed no answer") from None
-    return doc
+    return ssh.run_script(client, GPUCTL, *args, what="GPU control", timeout=timeout)
 
 
 @dataclass

@@ -7,7 +7,6 @@ profile revision, re-validated by the budget engine before it is saved.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -18,7 +17,7 @@ from nodes.choices import LaunchStatus
 from nodes.domain import remedy
 from nodes.domain.budget import BudgetReport
 from nodes.domain.diagnosis import Diagnosis, diagnose
-from nodes.domain.sglang_flags import parse_command, split_command
+from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, ProfileRevision
 from nodes.services import bundles, profiles, teams
@@ -36,12 +35,9 @@ def diagnose_bundle(log_text: str, facts: dict[str, Any]) -> Diagnosis:
     except ValueError:
         argv = []
     version = facts.get("engine_version")
-    if not (isinstance(version, str) and VERSION.fullmatch(version)):
+    if not (isinstance(version, str) and VERSION_TEXT.fullmatch(version)):
         version = DEFAULT_VERSION  # an engine version we cannot read: parse as the default does
     return diagnose(log_text, facts, parse_command(argv, table(version)).values)
-
-
-VERSION = re.compile(r"\d{1,4}(?:\.\d{1,6}){0,3}(?:[.+-]?[A-Za-z][A-Za-z0-9]{0,15}){0,3}")
 
 
 def diagnose_launch(launch_id: int) -> Diagnosis | None:
@@ -92,8 +88,7 @@ def _evaluate(launch: Launch, args: list[str]) -> BudgetReport:
     """The budget of ``args`` on the launch's node as it was before the launch: what a failure
     left held (leaked GPU memory, pinned host pages) is not room the fix can count on."""
     node = launch.node
-    flags = parse_command(args, table(node.sglang_version or DEFAULT_VERSION))
-    model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
+    model = profiles.model_of(node, args)
     memory = profiles.node_memory(node)
     first = (launch.memory_timeline or [{}])[0]
     before = {int(k): int(v) for k, v in (launch.gpu_used_before or {}).items()}
@@ -192,8 +187,7 @@ def apply_fix(
     if latest is not None and list(latest.args) == fix.args and dict(latest.env or {}) == env:
         return latest, False
     node = launch.node
-    flags = parse_command(fix.args, table(node.sglang_version or DEFAULT_VERSION))
-    model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
+    model = profiles.model_of(node, fix.args)
     category = (stored(launch) or {}).get("category") or "diagnosis"
     revision = profiles.save_revision(
         profile_name=launch.revision.profile.name,

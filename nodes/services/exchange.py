@@ -10,7 +10,6 @@ environment is skipped; with different ones it is a conflict, reported and not a
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -22,7 +21,7 @@ from django.utils.dateparse import parse_datetime
 
 from nodes.domain.inventory import check_node_name
 from nodes.domain.redact import MASK, redact_args, redact_env
-from nodes.domain.sglang_flags import parse_command
+from nodes.domain.sglang_flags import VERSION_TEXT, parse_command
 from nodes.flag_tables import table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.services.profiles import DEFAULT_VERSION
@@ -215,7 +214,6 @@ def _when(text: Any) -> datetime | None:
 
 
 MAX_PROFILES, MAX_REVISIONS, MAX_STAMPS = 500, 2000, 100
-VERSION = re.compile(r"[0-9A-Za-z.+-]{1,32}")
 
 
 def _checked(doc: Any) -> list[dict[str, Any]]:
@@ -282,7 +280,7 @@ def _check_revision(name: str, r: Any) -> None:
     if r.get("report") is not None and not isinstance(r["report"], dict):
         raise ImportRefused(f"{label}: report must be an object")
     version = r.get("sglang_version") or DEFAULT_VERSION
-    if not isinstance(version, str) or not VERSION.fullmatch(version):
+    if not isinstance(version, str) or not VERSION_TEXT.fullmatch(version):
         raise ImportRefused(f"{label}: {str(version)[:32]!r} is not an SGLang version")
     try:
         flags = table(version)

@@ -52,12 +52,9 @@ class LaunchInputError(ValueError):
 
 def ctl(client: Any, *args: str, stdin: bytes | None = None, timeout: float = 60) -> dict[str, Any]:
     """Run a ``launchctl`` command on the node; its JSON answer. Raises ``ssh.RemoteError``."""
-    result = ssh.run(client, ["python3", "-c", LAUNCHCTL, *args], stdin=stdin, timeout=timeout)
-    try:
-        doc: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
-    except (ValueError, IndexError):
-        raise ssh.RemoteError("command_failed", "launch control printed no answer") from None
-    return doc
+    return ssh.run_script(
+        client, LAUNCHCTL, *args, what="launch control", stdin=stdin, timeout=timeout
+    )
 
 
 def flags_for(revision: ProfileRevision, node: Node, port: int | None = None) -> ParsedCommand:

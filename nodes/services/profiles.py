@@ -83,6 +83,12 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
     return ModelFacts(geometry, cached["weights_bytes"], f"read from {node.name}:{model_path}")
 
 
+def model_of(node: Node, args: list[str]) -> ModelFacts:
+    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``."""
+    flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
+    return model_facts(node, str(flags.get("model_path", default="") or ""))
+
+
 def _read_model(node: Node, model_path: str) -> dict[str, object]:
     try:
         with ssh.pool.session(target_for(node)) as client:
