@@ -216,6 +216,8 @@ def row(obs: Observation, workdir: Path, *, legacy: bool) -> tuple[str, str, str
         reason = unavailable_reason(doc)
         if reason:
             return "unavailable", "—", reason
+        if obs.config is None:
+            return "none", "—", "no config.json for this model in tests/fixtures/kv/models.json"
         codes = ", ".join(m["code"] for m in doc.get("messages", []) if m["level"] != "info")
         return "none", "—", codes or "no estimate and no reason"
     error = (tokens - obs.observed_tokens) / abs(obs.observed_tokens) * 100
@@ -226,7 +228,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--legacy", action="store_true", help="the options from before issue 15")
     args = parser.parse_args()
-    print("| id | model | TP | free before load | figures | observed tokens | estimate | error | note |")
+    print("| id | model | TP | free before load | figures | observed | estimate | error | note |")
     print("|---|---|---|---|---|---|---|---|---|")
     within = total = 0
     with tempfile.TemporaryDirectory(prefix="rankwise-kv-") as tmp:
@@ -247,6 +249,73 @@ def main() -> None:
                 total += 1
                 within += error != "—" and abs(float(error.split()[0])) <= 1.0
     print(f"\nAcceptance set (all figures logged): {within} of {total} within 1 %.")
+    if not args.legacy:
+        seed()
+
+
+def seed() -> None:
+    """The seed incident's server (S01): Kimi-K2.5 INT4, TP8, 8 × RTX PRO 6000, 595 GB."""
+    facts = json.loads((ROOT / "tests/fixtures/cases/S01/facts.json").read_text())
+    print("\n| seed (S01) | weights per rank | free before load | tokens | observed | error |")
+    print("|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory(prefix="rankwise-kv-") as tmp:
+        node, config = Path(tmp, "node.json"), Path(tmp, "config.json")
+        node.write_text(json.dumps(facts["node"]))
+        config.write_text(json.dumps(facts["model_config"]))
+        for mfs, observed, extra in (
+            ("0.85", 116_171, []),
+            ("0.93", 238_007, []),
+            (
+                "0.93",
+                238_007,
+                [
+                    "--free-before-load-bytes",
+                    str(round(94.62 * GiB)),
+                    "--weights-per-rank-bytes",
+                    str(round(72.42 * GiB)),
+                ],
+            ),
+        ):
+            command = [
+                "python3",
+                "-m",
+                "sglang.launch_server",
+                "--model-path",
+                "/m",
+                "--tp-size",
+                "8",
+                "--mem-fraction-static",
+                mfs,
+            ]
+            result = subprocess.run(
+                [
+                    sys.executable,
+                    "manage.py",
+                    "budget",
+                    "--node",
+                    str(node),
+                    "--model-config",
+                    str(config),
+                    "--weights-bytes",
+                    str(595 * 10**9),
+                    "--json",
+                    *extra,
+                    "--",
+                    *command,
+                ],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            doc = json.loads(result.stdout)
+            tokens = doc["device_kv_tokens_per_rank"]
+            how = doc["calibration"]["source"]
+            print(
+                f"| mfs {mfs}, {how} | {doc['weights_bytes_per_rank'] / GiB:.2f} GiB | "
+                f"{doc['free_before_load_bytes'] / GiB:.2f} GiB | {tokens:,} | {observed:,} | "
+                f"{(tokens - observed) / observed * 100:+.1f} % |"
+            )
 
 
 if __name__ == "__main__":

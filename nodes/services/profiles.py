@@ -55,6 +55,7 @@ def node_memory(node: Node) -> NodeMemory:
         mem_available_bytes=node.mem_available_bytes,
         cgroup_limit_bytes=facts.get("cgroup_limit_bytes"),
         gpu_used_bytes=tuple(g.memory_used_bytes or 0 for g in gpus) or None,
+        gpu_names=tuple(g.name for g in gpus) or None,
     )
 
 

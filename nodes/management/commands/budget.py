@@ -3,6 +3,11 @@
 Checks a launch command against a node's memory, per TP rank, without touching any node.
 Exit 0 for ``ok``/``warn``, 1 for ``block`` (with the report), 2 when the budget command itself
 is unusable (missing file, unreadable JSON), with a one-line reason on stderr.
+
+Observed figures replace the estimates (and ``--weights-bytes`` is then not needed):
+``--free-before-load-bytes`` (SGLang's ``Load weight begin. avail mem=``, the minimum across the
+chosen GPUs) and ``--weights-per-rank-bytes`` (``Load weight end. … mem usage=``). The JSON adds
+``weights_bytes_per_rank``, ``free_before_load_bytes`` and ``calibration`` (what they came from).
 """
 
 from __future__ import annotations
@@ -10,12 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.domain.budget import NodeMemory, check
+from nodes.domain.budget import NodeMemory, Observed, check
 from nodes.domain.geometry import GeometryError, from_config
 from nodes.domain.sglang_flags import parse_command, split_command
 from nodes.flag_tables import table
@@ -32,6 +38,16 @@ class Command(OneLineCommand):
         parser.add_argument("--model-config", help="The model's config.json")
         parser.add_argument("--weights-bytes", type=int, help="Checkpoint size in bytes")
         parser.add_argument("--available-bytes", type=int, help="MemAvailable now, in bytes")
+        parser.add_argument(
+            "--free-before-load-bytes",
+            type=int,
+            help="Observed free GPU memory before weights (Load weight begin. avail mem=), bytes",
+        )
+        parser.add_argument(
+            "--weights-per-rank-bytes",
+            type=int,
+            help="Observed weights per rank (Load weight end. mem usage=), bytes",
+        )
         parser.add_argument("--sglang-version", help=f"Default: the node's, else {DEFAULT_VERSION}")
         parser.add_argument("--json", action="store_true", help="Print one JSON document")
         parser.add_argument("command", nargs=argparse.REMAINDER, help="-- python3 -m sglang…")
@@ -60,12 +76,19 @@ class Command(OneLineCommand):
                 cgroup_limit_bytes=_size_or_none(node_doc.get("cgroup_limit_bytes")),
             )
             weights = _size_or_none(options["weights_bytes"])
+            observed = Observed(
+                free_before_load_bytes=_size_or_none(options["free_before_load_bytes"]),
+                weights_per_rank_bytes=_size_or_none(options["weights_per_rank_bytes"]),
+            )
+            names = tuple(str(g.get("name") or "") for g in node_doc["gpus"])
         except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
             raise CommandError(
                 '--node: expected {"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int}]} '
-                "with sizes in bytes (0 to 2^63), and a non-negative --weights-bytes",
+                "with sizes in bytes (0 to 2^63), and non-negative --weights-bytes, "
+                "--free-before-load-bytes and --weights-per-rank-bytes",
                 returncode=2,
             ) from None
+        memory = replace(memory, gpu_names=names)
         version = str(
             options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
         )
@@ -83,7 +106,14 @@ class Command(OneLineCommand):
                 geometry = from_config(config)
             except GeometryError as exc:
                 raise CommandError(f"--model-config: {exc}", returncode=2) from None
-        report = check(flags, memory, version=version, geometry=geometry, weights_bytes=weights)
+        report = check(
+            flags,
+            memory,
+            version=version,
+            geometry=geometry,
+            weights_bytes=weights,
+            observed=observed,
+        )
         if options["json"]:
             doc = report.to_json()
             doc["sglang_version"] = version
