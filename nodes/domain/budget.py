@@ -13,9 +13,11 @@ state pools and sliding-window pools follow SGLang's splits (see ``_split``). Al
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from nodes.domain.checkpoint import HeaderError
+from nodes.domain.checkpoint import per_rank as from_headers
 from nodes.domain.geometry import ModelGeometry, kv_bytes_per_token, kv_elem_bytes
 from nodes.domain.gpu_overhead import overhead_bytes
 from nodes.domain.sglang_flags import ParsedCommand, version_key
@@ -429,12 +431,26 @@ def _figures(
             f"Weights per rank: {format_bytes(weights, places=2)} ({observed.label})"
         )
         kinds["weights"] = observed.kind
+    elif geometry is not None and geometry.tensors is not None:
+        try:
+            estimate = from_headers(geometry.tensors, geometry.config, tp, pp)
+        except HeaderError as exc:
+            geometry = replace(geometry, tensors=None, headers_note=f"headers unusable: {exc}")
+            return _figures(flags, node, geometry, weights_bytes, report, observed, tp, pp)
+        weights = estimate.bytes_per_rank
+        report.lines.append("Weights per rank (from the checkpoint's safetensors headers):")
+        report.lines.extend(f"  {line}" for line in estimate.lines)
+        kinds["weights"] = "estimate"
     elif weights_bytes is not None and weights_bytes >= 0:
         estimate = weights_per_rank(
             weights_bytes, geometry.config if geometry is not None else None, tp, pp
         )
         weights = estimate.bytes_per_rank
-        report.lines.append("Weights per rank (estimated from the checkpoint):")
+        why = f"; {geometry.headers_note}" if geometry is not None and geometry.headers_note else ""
+        report.lines.append(
+            f"Weights per rank (estimated from the checkpoint size and config.json, not from "
+            f"safetensors headers{why}):"
+        )
         report.lines.extend(f"  {line}" for line in estimate.lines)
         kinds["weights"] = "estimate"
     report.free_before_load_bytes = pre

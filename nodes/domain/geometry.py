@@ -54,6 +54,10 @@ class ModelGeometry:
     unknown_layout: str | None = None
     #: What the replicated weights and copies need (``nodes.domain.weights``); None if unknown.
     config: dict[str, Any] | None = field(default=None, compare=False, repr=False)
+    #: The checkpoint's safetensors header groups ``[pattern, dtype, shape, count]`` when they
+    #: were read (``nodes.domain.checkpoint``), else None and ``headers_note`` says why.
+    tensors: tuple[Any, ...] | None = field(default=None, compare=False, repr=False)
+    headers_note: str = field(default="", compare=False)
 
     @property
     def is_mla(self) -> bool:

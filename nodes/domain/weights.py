@@ -46,7 +46,7 @@ def per_rank(
     """
     text = _text_config(config)
     replicated = _replicated(text, config or {})
-    copies = _kv_b_copies(text, tp)
+    copies = kv_b_copies(text, tp)
     shard = checkpoint_bytes // (tp * pp)
     extra = (sum(size for _, size in replicated) * (tp - 1) // tp + copies) // pp
     total = shard + extra + ALLOCATOR_SLACK_BYTES
@@ -121,7 +121,8 @@ def _replicated(text: dict[str, Any], config: dict[str, Any]) -> list[tuple[str,
     return found
 
 
-def _kv_b_copies(text: dict[str, Any], tp: int) -> int:
+def kv_b_copies(text: dict[str, Any], tp: int) -> int:
+    """Bytes of the w_kc/w_vc copies SGLang keeps of kv_b_proj on one rank (MLA only, else 0)."""
     heads = _int(text, "num_attention_heads")
     kv_lora = _int(text, "kv_lora_rank")
     per_head = _int(text, "qk_nope_head_dim") + _int(text, "v_head_dim")

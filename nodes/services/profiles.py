@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.cache import cache
@@ -24,16 +25,10 @@ from nodes.services.credentials import target_for
 Actor = AbstractBaseUser | AnonymousUser
 DEFAULT_VERSION = "0.5.9"
 GEOMETRY_TTL_S = 600
-# Reads config.json and sums the checkpoint files on the node; prints one JSON line.
-MODEL_PROBE = b"""
-import json, os, sys
-path = sys.argv[1]
-with open(os.path.join(path, "config.json")) as handle:
-    config = json.load(handle)
-weights = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
-              if n.endswith((".safetensors", ".bin", ".pt")))
-print(json.dumps({"config": config, "weights_bytes": weights}))
-"""
+HEADERS_TTL_S = 7 * 24 * 3600
+# Reads config.json and the safetensors headers on the node (never the tensors); prints one JSON
+# line. Given the stamp (size + mtime) of what it read before, it answers "unchanged" instead.
+MODEL_PROBE = (Path(__file__).resolve().parent.parent / "remote" / "model_headers.py").read_bytes()
 
 
 @dataclass(frozen=True)
@@ -81,6 +76,12 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
         geometry = from_config(cached["config"])
     except GeometryError as exc:
         return ModelFacts(None, cached["weights_bytes"], f"{model_path}/config.json: {exc}")
+    tensors = cached.get("tensors")
+    if isinstance(tensors, list):
+        geometry = replace(geometry, tensors=tuple(tensors))
+    else:  # the budget's weights line says so
+        note = str(cached.get("headers_error") or "no safetensors headers")[:200]
+        geometry = replace(geometry, headers_note=f"headers not read: {note}")
     return ModelFacts(geometry, cached["weights_bytes"], f"read from {node.name}:{model_path}")
 
 
@@ -91,10 +92,23 @@ def model_of(node: Node, args: list[str]) -> ModelFacts:
 
 
 def _read_model(node: Node, model_path: str) -> dict[str, object]:
+    """The node's answer for the model folder; the headers are read again only when the
+    folder's stamp (total size, newest mtime) changed since the last read (cached a week)."""
+    key = "headers:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()
+    before = cache.get(key)
+    stamp = [str(before["stamp"])] if isinstance(before, dict) and before.get("stamp") else []
     try:
         with ssh.pool.session(target_for(node)) as client:
-            result = ssh.run(client, ["python3", "-", model_path], stdin=MODEL_PROBE, timeout=20)
+            result = ssh.run(
+                client, ["python3", "-", model_path, *stamp], stdin=MODEL_PROBE, timeout=60
+            )
         doc: dict[str, object] = json.loads(result.stdout)
+        if doc.get("unchanged") and isinstance(before, dict):
+            return before
+        if "error" in doc:
+            doc["error"] = f"not read from {node.name}: {doc['error']}"
+        elif "config" in doc:
+            cache.set(key, doc, HEADERS_TTL_S)
         return doc
     except ssh.RemoteError as exc:
         return {"error": f"not read from {node.name}: {exc.message}"}
