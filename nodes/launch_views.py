@@ -160,11 +160,23 @@ def _state_context(launch: Launch) -> dict[str, Any]:
     estimate = launch.estimate or {}
     info = launch.server_info or {}
     usage = info.get("memory_usage") or {}
-    comparison = [
+    weights = estimate.get("weights_bytes_per_rank")
+    free = estimate.get("free_before_load_bytes")
+    rows = [
         (
             "Device KV pool (tokens per rank)",
             estimate.get("device_kv_tokens_per_rank"),
             info.get("max_total_num_tokens") or progress.numbers.get("max_total_num_tokens"),
+        ),
+        (
+            "Weights per rank (GiB)",
+            round(weights / 2**30, 2) if weights else None,
+            progress.numbers.get("weights_gib"),
+        ),
+        (
+            "Free GPU memory before weights (GiB)",
+            round(free / 2**30, 2) if free else None,
+            progress.numbers.get("avail_mem_gib"),
         ),
         (
             "Host pool per rank (GB)",
@@ -174,6 +186,11 @@ def _state_context(launch: Launch) -> dict[str, Any]:
             progress.numbers.get("host_pool_gb"),
         ),
     ]
+    # The estimate's error against what the server did, in percent of the observed figure.
+    comparison = [
+        (label, est, real, f"{(est - real) / real * 100:+.1f} %" if est and real else "—")
+        for label, est, real in rows
+    ]
     return {
         "launch": launch,
         "progress": progress,
@@ -182,6 +199,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "phases": phases,
         "failed_checks": failed,
         "comparison": comparison,
+        "calibration": estimate.get("calibration") or {},
         "usage": usage,
         "ended": launch.status in LAUNCH_ENDED,
         # A failed launch is diagnosed right after it fails, again once its log is whole.

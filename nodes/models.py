@@ -555,3 +555,42 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class Calibration(models.Model):
+    """What a real start-up logged for a model folder on a GPU model at a TP size (free memory
+    before weights, weights per rank, device KV tokens): later estimates for the same three use
+    these figures instead of estimating them (``nodes.services.calibrations``)."""
+
+    model_path = models.CharField(max_length=1024, db_index=True)
+    gpu_name = models.CharField(max_length=128, help_text="The GPU model, e.g. NVIDIA H200.")
+    tp_size = models.PositiveSmallIntegerField()
+    node = models.ForeignKey(
+        Node, null=True, blank=True, on_delete=models.SET_NULL, related_name="calibrations"
+    )
+    node_name = models.CharField(max_length=63, blank=True)
+    launch = models.ForeignKey(
+        Launch, null=True, blank=True, on_delete=models.SET_NULL, related_name="calibrations"
+    )
+    profile = models.ForeignKey(
+        LaunchProfile,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="calibrations",
+    )
+    source = models.CharField(max_length=200, help_text='"launch #12 on node-b", "pasted log"')
+    free_before_load_bytes = models.PositiveBigIntegerField()
+    weights_per_rank_bytes = models.PositiveBigIntegerField()
+    kv_tokens = models.BigIntegerField(null=True, blank=True)
+    # The fullest chosen GPU's memory in use before the launch: free memory before load then.
+    gpu_used_before_bytes = models.PositiveBigIntegerField(default=0)
+    ranks = models.JSONField(default=list, blank=True, help_text="Per-rank figures as logged.")
+    created_by = models.CharField(max_length=150, blank=True)
+    created = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created", "-id"]
+
+    def __str__(self) -> str:
+        return f"calibration of {self.model_path} ({self.gpu_name}, TP{self.tp_size})"

@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
+from nodes import calibration_views
 from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain import remedy, revision_diff
@@ -93,7 +94,12 @@ def _gpu_class_filter(text: str) -> dict[str, Any]:
 def profile_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     profile = get_object_or_404(visible_profiles(request.user), pk=pk)
     revisions = profile.revisions.select_related("node").prefetch_related("stamps")
-    context = {"profile": profile, "revisions": revisions, "teams": Team.objects.all()}
+    context = {
+        "profile": profile,
+        "revisions": revisions,
+        "teams": Team.objects.all(),
+        "calibrations": calibration_views.rows(profile),
+    }
     return render(request, "nodes/profile_detail.html", context)
 
 

@@ -2,7 +2,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes import cleanup_views, launch_views, profile_views, token_views, views
+from nodes import (
+    calibration_views,
+    cleanup_views,
+    launch_views,
+    profile_views,
+    token_views,
+    views,
+)
 
 app_name = "nodes"
 
@@ -32,6 +39,11 @@ urlpatterns = [
         name="profile-ownership",
     ),
     path("launch-profiles/<int:pk>/diff/", profile_views.profile_diff, name="profile-diff"),
+    path(
+        "launch-profiles/<int:pk>/calibrate/",
+        calibration_views.profile_calibrate,
+        name="profile-calibrate",
+    ),
     path(
         "launch-profiles/<int:pk>/revisions/<int:number>/revert/",
         profile_views.profile_revert,

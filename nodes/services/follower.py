@@ -28,7 +28,7 @@ from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import mask_text, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
-from nodes.services import diagnoses, launches, stamps, teams
+from nodes.services import calibrations, diagnoses, launches, stamps, teams
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -362,6 +362,7 @@ class Follower:
             pk=launch.pk, status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING]
         ).update(**fields):
             teams.launch_event(Launch.objects.get(pk=launch.pk), "launch.ready")
+            calibrations.record_ready(launch.pk)
         notify(self.launch_id, self.seq)
 
     def _server_info(self, launch: Launch, client: Any) -> dict[str, Any] | None:

@@ -36,9 +36,9 @@ from nodes.domain.redact import mask_text, redact_args, redact_env, secret_value
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
-from nodes.services import cleanup, diagnoses, discovery, teams
+from nodes.services import calibrations, cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for
-from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
+from nodes.services.profiles import DEFAULT_VERSION, evaluate, model_facts
 
 log = logging.getLogger(__name__)
 Actor = AbstractBaseUser | AnonymousUser
@@ -125,13 +125,7 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
     flags = parse_command(args, table(version))
     model = model_facts(node, str(flags.get("model_path", default="") or ""))
     flags.env = env
-    report = check(
-        flags,
-        node_memory(node),
-        version=version,
-        geometry=model.geometry,
-        weights_bytes=model.weights_bytes,
-    )
+    report = evaluate(args, node, model, version=version, env=env)
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
         profile = LaunchProfile.objects.create(
@@ -442,10 +436,19 @@ def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str
         mem_available_bytes=facts.mem_available_bytes,
         cgroup_limit_bytes=facts.cgroup_limit_bytes,
         gpu_used_bytes=tuple(g.memory_used_bytes for g in chosen),
+        gpu_names=tuple(g.name for g in chosen),
     )
     model = model_facts(launch.node, str(flags.get("model_path", default="") or ""))
+    observed, _ = calibrations.observed_for(
+        flags, [g.name for g in chosen], calibrations.used_now(memory, calibrations.ranks(flags))
+    )
     return check(
-        flags, memory, version=version, geometry=model.geometry, weights_bytes=model.weights_bytes
+        flags,
+        memory,
+        version=version,
+        geometry=model.geometry,
+        weights_bytes=model.weights_bytes,
+        observed=observed,
     )
 
 
@@ -457,6 +460,9 @@ def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetRepor
         "device_kv_tokens_per_rank": report.device_kv_tokens_per_rank,
         "host_pool_bytes_per_rank": report.host_pool_bytes_per_rank,
         "host_pool_bytes_per_node": report.host_pool_bytes_per_node,
+        "weights_bytes_per_rank": report.weights_bytes_per_rank,
+        "free_before_load_bytes": report.free_before_load_bytes,
+        "calibration": report.calibration,
         "warnings": [m.text for m in report.messages if m.level == "warn"],
     }
     Launch.objects.filter(pk=launch.pk).update(checks=docs, estimate=estimate)

@@ -126,15 +126,22 @@ def evaluate(
 ) -> BudgetReport:
     """The budget of ``args`` (flags after the launcher) with ``env`` on ``node`` (its memory as
     last read, or ``memory``)."""
+    from nodes.services import calibrations
+
     version = version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     flags.env = dict(env or {})
+    memory = memory or node_memory(node)
+    observed, _ = calibrations.observed_for(
+        flags, memory.gpu_names or (), calibrations.used_now(memory, calibrations.ranks(flags))
+    )
     return check(
         flags,
-        memory or node_memory(node),
+        memory,
         version=version,
         geometry=model.geometry,
         weights_bytes=model.weights_bytes,
+        observed=observed,
     )
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from nodes.domain import calibration
 from nodes.domain.budget import NodeMemory, Observed, check
 from nodes.domain.geometry import GeometryError, from_config
 from nodes.domain.sglang_flags import parse_command, split_command
@@ -47,6 +48,12 @@ class Command(OneLineCommand):
             "--weights-per-rank-bytes",
             type=int,
             help="Observed weights per rank (Load weight end. mem usage=), bytes",
+        )
+        parser.add_argument(
+            "--calibrate-from",
+            metavar="LOG",
+            help="An SGLang start-up log of this model on this GPU model and TP: its Load weight "
+            "begin/end lines give the free memory before load and the weights per rank",
         )
         parser.add_argument("--sglang-version", help=f"Default: the node's, else {DEFAULT_VERSION}")
         parser.add_argument("--json", action="store_true", help="Print one JSON document")
@@ -89,6 +96,8 @@ class Command(OneLineCommand):
                 returncode=2,
             ) from None
         memory = replace(memory, gpu_names=names)
+        if options["calibrate_from"]:
+            observed = _calibrated(options["calibrate_from"], observed)
         version = str(
             options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
         )
@@ -126,6 +135,27 @@ class Command(OneLineCommand):
                 self.stdout.write(f"  [{message.level}] {message.text}")
         if report.verdict == "block":
             raise SystemExit(1)
+
+
+def _calibrated(path: str, given: Observed) -> Observed:
+    """Figures from a start-up log; ones given on the command line win."""
+    try:
+        with open(path, errors="replace") as handle:
+            figures = calibration.parse(handle)
+    except OSError as exc:
+        raise CommandError(
+            f"--calibrate-from: cannot read {path}: {exc.strerror}", returncode=2
+        ) from None
+    except calibration.CalibrationError as exc:
+        raise CommandError(f"--calibrate-from: {path}: {exc}", returncode=2) from None
+    name = Path(path).name
+    weights = figures.weights_per_rank_bytes / 2**30
+    return Observed(
+        free_before_load_bytes=given.free_before_load_bytes or figures.free_before_load_bytes,
+        weights_per_rank_bytes=given.weights_per_rank_bytes or figures.weights_per_rank_bytes,
+        label=f"calibrated from {name}: {weights:.2f} GiB of weights per rank",
+        kind="calibrated",
+    )
 
 
 def _size(value: Any) -> int:

@@ -1,0 +1,90 @@
+"""Calibration on the profile page: the figures real start-ups logged for the profile's model
+(estimate vs observed, with the error in percent), and a pasted log from a server launched
+outside Rankwise calibrating later estimates the same way a launch does."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import messages
+from django.http import HttpResponseBase
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from nodes.audit import record
+from nodes.choices import Role
+from nodes.domain.calibration import CalibrationError
+from nodes.domain.sglang_flags import parse_command
+from nodes.flag_tables import table
+from nodes.models import Calibration, LaunchProfile
+from nodes.roles import role_required
+from nodes.services import calibrations
+from nodes.services.profiles import DEFAULT_VERSION
+from nodes.services.teams import visible_profiles
+from nodes.views import HtmxHttpRequest, _redirect
+
+LOG_MAX_CHARS = 4_000_000
+
+
+def rows(profile: LaunchProfile) -> list[dict[str, Any]]:
+    """Calibrations of the newest revision's model folder at its TP size, newest first, each
+    beside that revision's estimate: ``calibration``, ``estimate``, ``error`` (percent text)."""
+    latest = profile.revisions.order_by("-number").first()
+    if latest is None:
+        return []
+    flags = parse_command(list(latest.args), table(latest.sglang_version or DEFAULT_VERSION))
+    path = str(flags.get("model_path", default="") or "")
+    tp = calibrations.tp_of(flags)
+    estimate = (latest.report or {}).get("device_kv_tokens_per_rank")
+    found = []
+    for c in Calibration.objects.filter(model_path=path, tp_size=tp)[:10]:
+        error = (
+            f"{(estimate - c.kv_tokens) / c.kv_tokens * 100:+.1f} %"
+            if estimate and c.kv_tokens
+            else "—"
+        )
+        found.append({"calibration": c, "estimate": estimate, "error": error})
+    return found
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Store a pasted start-up log's figures for the newest revision's model, GPU model and TP."""
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
+    back = reverse("nodes:profile-detail", args=[profile.pk])
+    latest = profile.revisions.select_related("node").order_by("-number").first()
+    text = request.POST.get("log", "")
+    if latest is None or latest.node is None:
+        messages.error(request, "Save a revision checked on a node first: the log calibrates it.")
+        return _redirect(request, back)
+    if not text.strip() or len(text) > LOG_MAX_CHARS or "\x00" in text:
+        messages.error(request, "Paste the server's start-up log (text, at most 4 MB).")
+        return _redirect(request, back)
+    flags = parse_command(list(latest.args), table(latest.sglang_version or DEFAULT_VERSION))
+    try:
+        found = calibrations.record_log(
+            text.splitlines(),
+            node=latest.node,
+            flags=flags,
+            profile=profile,
+            actor=request.user.get_username(),
+        )
+    except CalibrationError as exc:
+        messages.error(request, f"That log cannot calibrate: {exc}.")
+        return _redirect(request, back)
+    record(
+        "profile.calibrate",
+        actor=request.user,
+        obj=profile,
+        after={
+            "calibration": found.pk,
+            "free_before_load_bytes": found.free_before_load_bytes,
+            "weights_per_rank_bytes": found.weights_per_rank_bytes,
+            "kv_tokens": found.kv_tokens,
+        },
+        request=request,
+    )
+    messages.success(request, f"{profile.name}: {calibrations.label(found)}.")
+    return _redirect(request, back)

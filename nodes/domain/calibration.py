@@ -1,0 +1,88 @@
+"""Calibration figures from an SGLang start-up log, per rank (shared/reference/sglang.md §3b):
+``Load weight begin. avail mem=X GB`` (free memory before weights), ``Load weight end. … mem
+usage=Y GB`` (weights), ``KV Cache is allocated. #tokens: N`` and rank 0's
+``max_total_num_tokens=N``. SGLang prints these "GB" as GiB (÷ 2^30); they are kept as bytes.
+
+A line's rank comes from its prefix ``[time DP0 TP3 EP3]`` (``TP`` tag; a single-GPU server
+prints none and is rank 0). The server's figures are the ones SGLang itself uses: the least free
+memory before load over the ranks (it all-reduces the minimum) and the most weights on a rank.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+GiB = 2**30
+_RANK = re.compile(r"^\[[^\]]*?\bTP(\d+)\b[^\]]*\]")
+_BEGIN = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
+_END = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
+_KV = re.compile(r"KV Cache is allocated\.(?: dtype: [^,]+,)? #tokens: (\d+)")
+_MAX = re.compile(r"max_total_num_tokens=(-?\d+)")
+
+
+class CalibrationError(ValueError):
+    """The log holds no ``Load weight begin``/``end`` pair to calibrate from."""
+
+
+@dataclass
+class RankFigures:
+    """What one rank logged; None where its line is missing."""
+
+    rank: int
+    free_before_load_bytes: int | None = None
+    weights_bytes: int | None = None
+    kv_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A server's calibration: the minimum free memory before load, the largest weights per
+    rank, the device KV tokens (rank 0's ``max_total_num_tokens`` or the smallest KV line), and
+    every rank's own figures."""
+
+    free_before_load_bytes: int
+    weights_per_rank_bytes: int
+    kv_tokens: int | None
+    ranks: tuple[RankFigures, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["ranks"] = [asdict(r) for r in self.ranks]
+        return doc
+
+
+def _gib(text: str) -> int:
+    return round(float(text) * GiB)
+
+
+def parse(lines: Iterable[str]) -> Figures:
+    """The calibration figures of a start-up log; raises ``CalibrationError`` when the log does
+    not show both weight lines of at least one rank."""
+    ranks: dict[int, RankFigures] = {}
+    max_total = None
+    for line in lines:
+        found = _RANK.search(line)
+        rank = int(found.group(1)) if found else 0
+        figures = ranks.setdefault(rank, RankFigures(rank))
+        if match := _BEGIN.search(line):
+            figures.free_before_load_bytes = _gib(match.group(1))
+        elif match := _END.search(line):
+            figures.weights_bytes = _gib(match.group(1))
+        elif match := _KV.search(line):
+            figures.kv_tokens = int(match.group(1))
+        elif match := _MAX.search(line):
+            max_total = int(match.group(1))
+    frees = [r.free_before_load_bytes for r in ranks.values() if r.free_before_load_bytes]
+    weights = [r.weights_bytes for r in ranks.values() if r.weights_bytes]
+    if not frees or not weights:
+        raise CalibrationError(
+            "the log has no 'Load weight begin. avail mem=' and 'Load weight end. … mem usage=' "
+            "lines to calibrate from"
+        )
+    kv = [r.kv_tokens for r in ranks.values() if r.kv_tokens is not None]
+    tokens = max_total if max_total is not None else (min(kv) if kv else None)
+    kept = tuple(r for _, r in sorted(ranks.items()) if r != RankFigures(r.rank))
+    return Figures(min(frees), max(weights), tokens, kept)

@@ -1,0 +1,168 @@
+"""Calibration from real launches: store what a start-up logged (``nodes.domain.calibration``)
+per model folder × GPU model × TP, and hand it to the budget as observed figures next time.
+
+A launch stores its figures when it becomes ready; a log pasted on the profile page, or given
+to ``manage.py budget --calibrate-from``, calibrates the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from nodes.domain.budget import NodeMemory, Observed
+from nodes.domain.calibration import CalibrationError, Figures, parse
+from nodes.domain.sglang_flags import ParsedCommand
+from nodes.domain.units import GiB
+from nodes.models import Calibration, Launch, LaunchProfile, Node
+
+log = logging.getLogger(__name__)
+
+
+def tp_of(flags: ParsedCommand) -> int:
+    return int(flags.get("tp_size", "tensor_parallel_size", default=1))
+
+
+def ranks(flags: ParsedCommand) -> int:
+    """TP × PP: the GPUs one replica takes."""
+    return tp_of(flags) * int(flags.get("pp_size", "pipeline_parallel_size", default=1))
+
+
+def record_ready(launch_id: int) -> Calibration | None:
+    """Called when a launch becomes ready; never raises (a failed calibration must not stop
+    the follower): the reason is logged."""
+    from nodes.domain.sglang_flags import parse_command
+    from nodes.flag_tables import table
+
+    try:
+        launch = Launch.objects.select_related("node", "revision").get(pk=launch_id)
+        flags = parse_command(
+            list(launch.revision.args), table(launch.node.sglang_version or "0.5.9")
+        )
+        return record_launch(launch, flags)
+    except Exception:  # noqa: BLE001 - logged; the launch itself is fine
+        log.exception("launch %s: calibration not stored", launch_id)
+        return None
+
+
+def used_now(memory: NodeMemory, ranks: int) -> int:
+    """What the fullest of the GPUs the ranks take holds now (as the budget picks them)."""
+    busy = sorted(memory.gpu_used_bytes or (0,))
+    return busy[min(len(busy), max(1, ranks)) - 1]
+
+
+def label(calibration: Calibration) -> str:
+    """ "calibrated from launch #12 on node-b: 72.42 GiB of weights per rank"."""
+    weights = calibration.weights_per_rank_bytes / GiB
+    return f"calibrated from {calibration.source}: {weights:.2f} GiB of weights per rank"
+
+
+def record_launch(launch: Launch, flags: ParsedCommand) -> Calibration | None:
+    """Store the figures a launch's stored log shows; None (and nothing stored) when the log
+    lacks the weight lines."""
+    lines = launch.lines.order_by("seq").values_list("text", flat=True)
+    try:
+        figures = parse(lines)
+    except CalibrationError:
+        return None
+    gpus = {g.index: g for g in launch.node.gpus.all()}
+    first = gpus.get(launch.gpus[0]) if launch.gpus else None
+    used = [int(v) for v in (launch.gpu_used_before or {}).values()]
+    return _store(
+        figures,
+        model_path=str(flags.get("model_path", default="") or ""),
+        gpu_name=first.name if first else "",
+        tp=tp_of(flags),
+        node=launch.node,
+        source=f"launch #{launch.pk} on {launch.node.name}",
+        launch=launch,
+        used_before=max(used, default=0),
+        created_by=launch.created_by,
+    )
+
+
+def record_log(
+    lines: Iterable[str],
+    *,
+    node: Node,
+    flags: ParsedCommand,
+    profile: LaunchProfile | None,
+    actor: str,
+) -> Calibration:
+    """Store a pasted log's figures for the profile's model on ``node``'s GPU model; raises
+    ``CalibrationError`` with the reason when the log cannot calibrate."""
+    figures = parse(lines)
+    first = node.gpus.order_by("index").first()
+    return _store(
+        figures,
+        model_path=str(flags.get("model_path", default="") or ""),
+        gpu_name=first.name if first else "",
+        tp=tp_of(flags),
+        node=node,
+        source=f"a log pasted by {actor}",
+        profile=profile,
+        created_by=actor,
+    )
+
+
+def _store(
+    figures: Figures,
+    *,
+    model_path: str,
+    gpu_name: str,
+    tp: int,
+    node: Node | None,
+    source: str,
+    launch: Launch | None = None,
+    profile: LaunchProfile | None = None,
+    used_before: int = 0,
+    created_by: str = "",
+) -> Calibration:
+    return Calibration.objects.create(
+        model_path=model_path[:1024],
+        gpu_name=gpu_name,
+        tp_size=tp,
+        node=node,
+        node_name=node.name if node else "",
+        launch=launch,
+        profile=profile,
+        source=source[:200],
+        free_before_load_bytes=figures.free_before_load_bytes,
+        weights_per_rank_bytes=figures.weights_per_rank_bytes,
+        kv_tokens=figures.kv_tokens,
+        gpu_used_before_bytes=used_before,
+        ranks=figures.to_json()["ranks"],
+        created_by=created_by[:150],
+    )
+
+
+def latest(model_path: str, gpu_names: Iterable[str], tp: int) -> Calibration | None:
+    """The newest calibration of the model folder on one of these GPU models at this TP."""
+    names = {n for n in gpu_names if n}
+    if not model_path or not names:
+        return None
+    return (
+        Calibration.objects.filter(model_path=model_path, gpu_name__in=names, tp_size=tp)
+        .order_by("-created", "-id")
+        .first()
+    )
+
+
+def observed_for(
+    flags: ParsedCommand, gpu_names: Iterable[str], used_now: int = 0
+) -> tuple[Observed | None, Calibration | None]:
+    """Observed figures for the budget from the newest matching calibration, its free memory
+    before load moved by what the GPUs hold now compared with then; (None, None) if none."""
+    found = latest(str(flags.get("model_path", default="") or ""), gpu_names, tp_of(flags))
+    if found is None:
+        return None, None
+    free = found.free_before_load_bytes + found.gpu_used_before_bytes - used_now
+    return (
+        Observed(
+            free_before_load_bytes=max(0, free),
+            weights_per_rank_bytes=found.weights_per_rank_bytes,
+            label=label(found),
+            kind="calibrated",
+        ),
+        found,
+    )

@@ -1,0 +1,199 @@
+"""Calibration from real start-ups: the log parser, a pasted log, ``manage.py budget
+--calibrate-from``, and a launch on the simulated fleet calibrating the next estimate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from nodes.choices import LaunchStatus
+from nodes.domain.calibration import CalibrationError, parse
+from nodes.domain.sglang_flags import parse_command
+from nodes.flag_tables import table
+from nodes.models import Calibration, Gpu, Launch
+from nodes.services import calibrations, discovery, launches, profiles
+from tests.conftest import register_sim_node
+from tests.factories import make_node, make_user
+from tests.fleet import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+S01 = ROOT / "tests/fixtures/cases/S01"
+GiB = 2**30
+S01_ARGS = ["--model-path", "/models/kimi-k2.5-int4", "--tp-size", "8", "--mem-fraction-static"]
+
+
+def test_the_parser_reads_every_rank_and_keeps_sglangs_figures():
+    figures = parse((S01 / "launch.log").read_text().splitlines())
+    assert figures.free_before_load_bytes == round(94.62 * GiB)
+    assert figures.weights_per_rank_bytes == round(72.42 * GiB)
+    assert figures.kv_tokens == 238_007
+    assert [r.rank for r in figures.ranks] == list(range(8))
+    # The least free memory over the ranks is what SGLang uses.
+    skewed = parse(
+        [
+            "[t TP0] Load weight begin. avail mem=90.00 GB",
+            "[t TP1] Load weight begin. avail mem=80.00 GB",
+            "[t TP0] Load weight end. type=X, avail mem=20.00 GB, mem usage=70.00 GB.",
+        ]
+    )
+    assert skewed.free_before_load_bytes == 80 * GiB and skewed.kv_tokens is None
+
+
+def test_a_log_without_weight_lines_cannot_calibrate():
+    with pytest.raises(CalibrationError, match="Load weight begin"):
+        parse(["[t TP0] KV Cache is allocated. #tokens: 5, KV size: 1 GB"])
+
+
+def test_calibrate_from_a_log_on_the_command_line(tmp_path):
+    facts = json.loads((S01 / "facts.json").read_text())
+    node, config = tmp_path / "node.json", tmp_path / "config.json"
+    node.write_text(json.dumps(facts["node"]))
+    config.write_text(json.dumps(facts["model_config"]))
+    result = subprocess.run(
+        [
+            sys.executable,
+            "manage.py",
+            "budget",
+            "--node",
+            str(node),
+            "--model-config",
+            str(config),
+            "--calibrate-from",
+            str(S01 / "launch.log"),
+            "--json",
+            "--",
+            "python3",
+            "-m",
+            "sglang.launch_server",
+            *S01_ARGS,
+            "0.93",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["calibration"]["source"] == "calibrated"
+    assert doc["calibration"]["label"] == (
+        "calibrated from launch.log: 72.42 GiB of weights per rank"
+    )
+    assert doc["device_kv_tokens_per_rank"] == pytest.approx(238_007, rel=0.01)
+    assert any("calibrated from launch.log" in line for line in doc["lines"])
+    bad = tmp_path / "empty.log"
+    bad.write_text("nothing here\n")
+    refused = subprocess.run(
+        [sys.executable, "manage.py", "budget", "--node", str(node), "--calibrate-from", str(bad)]
+        + ["--", "python3", "-m", "sglang.launch_server", *S01_ARGS, "0.93"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "--calibrate-from" in refused.stderr
+
+
+@pytest.mark.django_db
+def test_a_pasted_log_calibrates_the_profile_estimate():
+    node = make_node("node-b")
+    Gpu.objects.filter(node=node).update(
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
+    )
+    config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
+    args = [*S01_ARGS, "0.93"]
+    model = profiles.model_facts(node, "", config)
+    before = profiles.evaluate(args, node, model)
+    assert before.calibration["source"] == "estimate"  # no checkpoint size: weights unknown
+    flags = parse_command(args, table("0.5.9"))
+    calibrations.record_log(
+        (S01 / "launch.log").read_text().splitlines(),
+        node=node,
+        flags=flags,
+        profile=None,
+        actor="alice",
+    )
+    after = profiles.evaluate(args, node, model)
+    assert after.calibration["source"] == "calibrated"
+    assert after.calibration["label"] == (
+        "calibrated from a log pasted by alice: 72.42 GiB of weights per rank"
+    )
+    assert after.device_kv_tokens_per_rank == pytest.approx(238_007, rel=0.01)
+    # Another TP size, or another GPU model, is not calibrated by it.
+    other = profiles.evaluate([*args[:3], "4", *args[4:]], node, model)
+    assert other.calibration["source"] != "calibrated"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_first_launch_calibrates_the_next_estimate(sim_fleet, launch_workers):
+    sim = sim_fleet["spare"]
+    sim.reboot()
+    node = register_sim_node(sim)
+    discovery.discover(node.pk)
+    node.refresh_from_db()
+    command = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
+    olga = make_user("olga", "operator")
+    launch = launches.submit(node=node, command=command, actor=olga)
+    wait_until(
+        lambda: (
+            Launch.objects.get(pk=launch.pk).status
+            in (LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED)
+        ),
+        120,
+        0.3,
+    )
+    launch.refresh_from_db()
+    assert launch.status == LaunchStatus.READY, launch.reason
+    stored = Calibration.objects.get(launch=launch)
+    assert stored.weights_per_rank_bytes == round(launch.progress["numbers"]["weights_gib"] * GiB)
+    assert stored.tp_size == 2 and stored.node_name == node.name
+    served = launch.server_info["max_total_num_tokens"]
+    launches.stop(launch.pk, actor=olga)
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).status == LaunchStatus.STOPPED, 60, 0.3)
+    discovery.discover(node.pk)
+    node.refresh_from_db()
+    args = command.split()[3:]
+    report = profiles.evaluate(args, node, profiles.model_facts(node, "/srv/models/qwen2.5-7b"))
+    assert report.calibration["source"] == "calibrated"
+    assert report.calibration["label"].startswith(
+        f"calibrated from launch #{launch.pk} on {node.name}: "
+    )
+    assert report.device_kv_tokens_per_rank == pytest.approx(served, rel=0.01)
+
+
+@pytest.mark.django_db
+def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(operator_client):
+    node = make_node("node-b", sglang_version="0.5.9")
+    Gpu.objects.filter(node=node).update(
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
+    )
+    config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
+    args = [*S01_ARGS, "0.93"]
+    model = profiles.model_facts(node, "", config)
+    operator = make_user("owen", None)
+    revision = profiles.save_revision(
+        profile_name="kimi",
+        args=args,
+        env={},
+        message="",
+        node=node,
+        report=profiles.evaluate(args, node, model),
+        model=model,
+        actor=operator,
+    )
+    url = f"/launch-profiles/{revision.profile.pk}/calibrate/"
+    refused = operator_client.post(url, {"log": "no weight lines here"}, follow=True)
+    assert b"That log cannot calibrate" in refused.content
+    assert not Calibration.objects.exists()
+    page = operator_client.post(url, {"log": (S01 / "launch.log").read_text()}, follow=True)
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert "calibrated from a log pasted by" in text and "72.42 GiB of weights per rank" in text
+    stored = Calibration.objects.get()
+    assert stored.profile == revision.profile and stored.kv_tokens == 238_007
+    table_html = text[text.find("Calibration from") :]
+    assert "238007" in table_html.replace(",", "") and "+0.0 %" not in table_html
