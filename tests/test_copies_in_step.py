@@ -21,6 +21,9 @@ def test_the_two_flag_table_copies_are_identical():
 def test_copies_match_shared_when_it_is_there():
     source = SHARED / "reference" / "sglang-flags-by-version.tsv"
     assert (ROOT / "nodes" / "data" / source.name).read_bytes() == source.read_bytes()
+    observations = SHARED / "reference" / "kv-observations.json"
+    copy = ROOT / "tests" / "fixtures" / "kv" / "observations.json"
+    assert copy.read_bytes() == observations.read_bytes()
     fixtures = ROOT / "tests" / "fixtures" / "cases"
     shared_cases = {p.name for p in (SHARED / "cases").iterdir() if p.is_dir()}
     assert shared_cases <= {p.name for p in fixtures.iterdir() if p.is_dir()}, "copy every case"

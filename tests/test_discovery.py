@@ -246,7 +246,9 @@ def test_profile_geometry_is_read_from_the_node(sim_fleet):
     discovery.discover(node.pk)
     node.refresh_from_db()
     model = model_facts(node, sim.models["kimi-k2"])
-    assert model.weights_bytes == 544 * 10**9 and model.geometry.is_mla
+    # Kimi-K2.5 INT4: about 595 GB of shards (their headers included).
+    assert 595 * 10**9 < model.weights_bytes < 596 * 10**9 and model.geometry.is_mla
+    assert model.geometry.tensors  # the safetensors headers were read
     assert model.source == f"read from incident:{sim.models['kimi-k2']}"
     args = [
         "--model-path",

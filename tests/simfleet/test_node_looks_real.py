@@ -22,7 +22,7 @@ def test_up_describes_each_node(sim_fleet):
     assert (
         node.ok(
             f"cat {node.models['kimi-k2']}/config.json | python3 -c "
-            "'import json,sys; print(json.load(sys.stdin)[\"kv_lora_rank\"])'"
+            '\'import json,sys; print(json.load(sys.stdin)["text_config"]["kv_lora_rank"])\''
         ).strip()
         == "512"
     )

@@ -83,3 +83,24 @@ def test_logged_kv_pool_matches_bytes_per_token(sim_fleet):
     info = json.loads(node.ok("curl -s http://127.0.0.1:30000/get_server_info"))
     assert info["max_total_num_tokens"] == tokens
     node.ok("pkill -TERM -f '^sglang::http_server'")
+
+
+def test_weights_per_rank_follow_sglangs_loading_rules():
+    """Kimi-K2.5 INT4 at TP8: checkpoint ÷ 8 plus the replicated tensors, the w_kc/w_vc copies
+    and allocator slack: 72.42 GiB on every rank in the seed incident's log (sglang.md §3b)."""
+    from simfleet.models import tensors
+
+    kimi = memory.Model("/m", MODELS["kimi-k2"]["config"], 0, tensors("kimi-k2"))
+    per_rank = memory.weights_per_rank(kimi, 8, 1)
+    assert per_rank == pytest.approx(72.42 * 2**30, rel=0.01)
+    assert per_rank > sum(memory.SIZES[d] * _count(s) for _, d, s in kimi.tensors) / 8 + 2 * 2**30
+    llama = memory.Model("/m", MODELS["llama-3-70b"]["config"], 0, tensors("llama-3-70b"))
+    # Dense GQA: only norms are whole on every rank; 8 KV heads at TP16 are replicated 2×.
+    assert memory.weights_per_rank(llama, 16, 1) > memory.weights_per_rank(llama, 8, 1) / 2
+
+
+def _count(shape: list[int]) -> int:
+    total = 1
+    for dim in shape:
+        total *= dim
+    return total

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+import re
+import struct
+from dataclasses import dataclass, field
 from typing import Any
 
 GiB = 2**30
@@ -22,6 +24,15 @@ class Model:
     path: str
     config: dict[str, Any]
     weights_bytes: int
+    #: (name, dtype, shape) of every tensor in the shards' safetensors headers; empty when the
+    #: shards have no readable header (then each rank holds checkpoint ÷ (tp × pp)).
+    tensors: list[tuple[str, str, list[int]]] = field(default_factory=list)
+
+    @property
+    def text(self) -> dict[str, Any]:
+        """The language model's config (multimodal configs nest it under ``text_config``)."""
+        nested = self.config.get("text_config")
+        return {**self.config, **nested} if isinstance(nested, dict) else self.config
 
     @property
     def architecture(self) -> str:
@@ -29,7 +40,7 @@ class Model:
 
     @property
     def is_mla(self) -> bool:
-        return "kv_lora_rank" in self.config
+        return "kv_lora_rank" in self.text
 
     @property
     def dtype(self) -> str:
@@ -50,12 +61,58 @@ def load_model(path: str) -> Model:
         raise OSError(f"{path} does not appear to have a file named config.json.")
     with open(config_path) as handle:
         config = json.load(handle)
+    names = sorted(os.listdir(path))
     weights = sum(
         os.path.getsize(os.path.join(path, name))
-        for name in os.listdir(path)
+        for name in names
         if name.endswith((".safetensors", ".bin", ".pt"))
     )
-    return Model(path, config, weights)
+    found: list[tuple[str, str, list[int]]] = []
+    for name in names:
+        if name.endswith(".safetensors"):
+            with open(os.path.join(path, name), "rb") as handle:
+                head = handle.read(8)
+                if len(head) < 8:
+                    return Model(path, config, weights)
+                doc = json.loads(handle.read(struct.unpack("<Q", head)[0]) or b"{}")
+            found += [(k, v["dtype"], v["shape"]) for k, v in doc.items() if k != "__metadata__"]
+    return Model(path, config, weights, found)
+
+
+# SGLang's loading rules (models/deepseek_v2.py, kimi_k25.py, linear.py; sglang.md §3b): these
+# modules are ReplicatedLinear or plain parameters, whole on every TP rank.
+WHOLE_ON_EVERY_RANK = re.compile(
+    r"q_a_proj|kv_a_proj_with_mqa|_layernorm|\.norm\d?\.|\.mlp\.gate\.|"
+    r"e_score_correction_bias|weight_shape|vision_tower\..*\.mlp\.|mm_projector"
+)
+SIZES = {"BF16": 2, "F16": 2, "F32": 4, "I32": 4, "I64": 8, "F8_E4M3": 1, "U8": 1, "I8": 1}
+ALLOCATOR_SLACK = 600 * 2**20  # the caching allocator keeps about 0.6 GiB after loading
+
+
+def weights_per_rank(model: Model, tp: int, pp: int) -> int:
+    """Bytes of weights one rank holds after loading: column/row/vocab-parallel and expert
+    tensors split over TP, replicated ones whole, KV heads replicated when TP exceeds them,
+    the w_kc/w_vc copies MLA keeps of kv_b_proj, and allocator slack."""
+    if not model.tensors:
+        return model.weights_bytes // (tp * pp)
+    text = model.text
+    kv_heads = int(text.get("num_key_value_heads") or text.get("num_attention_heads") or 1)
+    held = 0.0
+    for name, dtype, shape in model.tensors:
+        size = SIZES[dtype]
+        for dim in shape:
+            size *= dim
+        if WHOLE_ON_EVERY_RANK.search(name):
+            held += size
+        elif re.search(r"\.(k|v)_proj\.", name):
+            held += size * max(1, kv_heads // tp) / kv_heads
+        else:
+            held += size / tp
+    if model.is_mla:  # w_kc and w_vc, bf16, this rank's heads
+        heads = max(1, int(text["num_attention_heads"]) // tp)
+        per_head = int(text["qk_nope_head_dim"]) + int(text["v_head_dim"])
+        held += heads * per_head * int(text["kv_lora_rank"]) * int(text["num_hidden_layers"]) * 2
+    return int(held / pp) + ALLOCATOR_SLACK
 
 
 def elem_bytes(kv_cache_dtype: str, model: Model) -> int:
@@ -63,12 +120,12 @@ def elem_bytes(kv_cache_dtype: str, model: Model) -> int:
         return 1
     if kv_cache_dtype.startswith("fp4") or kv_cache_dtype in ("nvfp4",):
         return 1  # packed with scales: no smaller than a byte per element in the pool
-    return 4 if model.config.get("torch_dtype") == "float32" else 2
+    return 4 if model.text.get("torch_dtype") == "float32" else 2
 
 
 def cell_bytes(model: Model, tp: int, pp: int, elem: int) -> int:
     """KV bytes per token on one rank: MLA latent replicated per rank; MHA/GQA sharded by heads."""
-    c = model.config
+    c = model.text
     layers = -(-int(c["num_hidden_layers"]) // pp)
     if model.is_mla:
         return (int(c["kv_lora_rank"]) + int(c["qk_rope_head_dim"])) * layers * elem

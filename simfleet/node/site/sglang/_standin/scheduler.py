@@ -16,7 +16,10 @@ from sglang._standin.launch import Launch
 from sglang._standin.log import Log
 
 GiB = memory.GiB
-CONTEXT_BYTES = 600 * 2**20  # CUDA context + NCCL buffers at distributed init
+CONTEXT_BYTES = 600 * 2**20  # CUDA context at distributed init
+NCCL_BYTES = 400 * 2**20  # NCCL's buffers when there is more than one rank
+CUSTOM_ALL_REDUCE_BYTES = 2 * GiB  # SGLang's custom all-reduce over NVLink (H100/H200/B200 …)
+NVLINK_GPUS = ("H100", "H200", "H20", "H800", "A100", "A800", "B200", "B300", "GB200")
 NCCL_TIMEOUT_S = 600.0
 
 
@@ -96,8 +99,16 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
     # 1. Distributed init, then the free memory before weights: the MIN over ranks (GiB).
     log("Init torch distributed begin.")
     launch.sleep(0.2)
-    state.add_gpu_bytes(gpu, CONTEXT_BYTES)
-    log(f"Init torch distributed ends. mem usage={CONTEXT_BYTES / GiB:.2f} GB")
+    taken = CONTEXT_BYTES
+    if launch.tp * launch.pp > 1:
+        taken += NCCL_BYTES
+        words = gpus.view()[gpu].name.upper().split()
+        if not launch.flag("disable_custom_all_reduce", default=False) and any(
+            w in NVLINK_GPUS for w in words
+        ):
+            taken += CUSTOM_ALL_REDUCE_BYTES
+    state.add_gpu_bytes(gpu, taken)
+    log(f"Init torch distributed ends. mem usage={taken / GiB:.2f} GB")
     local_free = _free(gpu)
     pre = min(launch.exchange("pre", rank, local_free))
     if pre < 0.9 * local_free:
@@ -112,7 +123,7 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
 
     # 2. Weights: this rank's share of the checkpoint.
     log(f"Load weight begin. avail mem={pre / GiB:.2f} GB")
-    weights = launch.model.weights_bytes // (launch.tp * launch.pp)
+    weights = memory.weights_per_rank(launch.model, launch.tp, launch.pp)
     _load_weights(launch, rank, log)
     if weights > _free(gpu):
         raise _cuda_oom(local, weights, gpu, "model_executor/model_runner.py")
@@ -185,7 +196,7 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
             f"mem usage={graph / GiB:.2f} GB. avail mem={_free(gpu) / GiB:.2f} GB."
         )
     context_len = int(
-        launch.flag("context_length") or launch.model.config.get("max_position_embeddings", 32768)
+        launch.flag("context_length") or launch.model.text.get("max_position_embeddings", 32768)
     )
     if rank == 0:
         log(

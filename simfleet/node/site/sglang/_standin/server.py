@@ -82,7 +82,7 @@ def _prepare(ns: Any, version: tuple[int, ...]) -> Launch:
         )
     if (tp * pp) % nnodes:
         _fail("AssertionError", "tp_size must be divisible by number of nodes")
-    heads = int(model.config.get("num_attention_heads", tp))
+    heads = int(model.text.get("num_attention_heads", tp))
     if heads % tp:
         _fail(
             "ValueError",
