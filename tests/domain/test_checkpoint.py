@@ -169,3 +169,28 @@ def test_the_node_script_reads_headers_only_and_groups_layers(tmp_path):
         check=True,
     )
     assert "shorter than a safetensors header" in json.loads(broken.stdout)["headers_error"]
+
+
+def test_quantized_formats_count_their_stored_bytes_and_shard_by_module():
+    """FP8 block (DeepSeek-V3: weight + fp32 weight_scale_inv), NVFP4 (packed U8 + fp8 scales +
+    fp32 scalars) and AWQ (qweight/qzeros/scales): the header's bytes, split by the module."""
+    config = {"num_hidden_layers": 1, "num_attention_heads": 8, "num_key_value_heads": 8}
+    groups = [
+        ["model.layers.*.self_attn.q_a_proj.weight", "F8_E4M3", [1536, 7168], 1],  # replicated
+        ["model.layers.*.self_attn.q_a_proj.weight_scale_inv", "F32", [12, 56], 1],  # replicated
+        ["model.layers.*.mlp.experts.*.down_proj.weight", "F8_E4M3", [7168, 2048], 8],
+        ["model.layers.*.mlp.experts.*.down_proj.weight_scale_inv", "F32", [56, 16], 8],
+        ["model.layers.*.mlp.experts.*.up_proj.weight", "U8", [2048, 3584], 8],  # NVFP4 packed
+        ["model.layers.*.mlp.experts.*.up_proj.weight_scale", "F8_E4M3", [2048, 448], 8],
+        ["model.layers.*.mlp.experts.*.up_proj.weight_scale_2", "F32", [], 8],  # replicated
+        ["model.layers.*.mlp.gate_proj.qweight", "I32", [7168, 2304], 1],  # AWQ
+        ["model.layers.*.mlp.gate_proj.scales", "F16", [56, 18432], 1],
+    ]
+    replicated = 1536 * 7168 + 12 * 56 * 4 + 8 * 4
+    sharded = (
+        8 * (7168 * 2048 + 56 * 16 * 4 + 2048 * 3584 + 2048 * 448)
+        + 7168 * 2304 * 4
+        + 56 * 18432 * 2
+    )
+    expected = sharded // 4 + replicated + weights.ALLOCATOR_SLACK_BYTES
+    assert per_rank(groups, config, tp=4).bytes_per_rank == expected
