@@ -111,6 +111,36 @@ MODELS: dict[str, dict[str, Any]] = {
             "torch_dtype": "bfloat16",
         },
     },
+    "qwen3-next-80b-a3b": {
+        # Hybrid: Gated DeltaNet linear attention in 3 of every 4 layers (a per-request state,
+        # no KV), full attention in every 4th; MoE with 512 experts. About 160 GB in bf16.
+        "shards": 41,
+        "config": {
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "hidden_size": 2048,
+            "intermediate_size": 5120,
+            "num_hidden_layers": 48,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 2,
+            "head_dim": 256,
+            "full_attention_interval": 4,
+            "layer_types": (["linear_attention"] * 3 + ["full_attention"]) * 12,
+            "linear_conv_kernel_dim": 4,
+            "linear_key_head_dim": 128,
+            "linear_num_key_heads": 16,
+            "linear_num_value_heads": 32,
+            "linear_value_head_dim": 128,
+            "num_experts": 512,
+            "num_experts_per_tok": 10,
+            "moe_intermediate_size": 512,
+            "shared_expert_intermediate_size": 512,
+            "decoder_sparse_step": 1,
+            "max_position_embeddings": 262144,
+            "vocab_size": 151936,
+            "torch_dtype": "bfloat16",
+        },
+    },
 }
 
 
@@ -194,11 +224,50 @@ def _kimi(config: dict[str, Any]) -> Iterator[Tensor]:
     yield "mm_projector.linear_2.weight", "BF16", [h, 4 * v]
 
 
+def _qwen3_next(config: dict[str, Any]) -> Iterator[Tensor]:
+    h, vocab = config["hidden_size"], config["vocab_size"]
+    heads, kv, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    nk, nv = config["linear_num_key_heads"], config["linear_num_value_heads"]
+    dk, dv = config["linear_key_head_dim"], config["linear_value_head_dim"]
+    experts, inter = config["num_experts"], config["moe_intermediate_size"]
+    yield "model.embed_tokens.weight", "BF16", [vocab, h]
+    for i, kind in enumerate(config["layer_types"]):
+        p = f"model.layers.{i}"
+        if kind == "linear_attention":
+            a = f"{p}.linear_attn"
+            yield f"{a}.in_proj_qkvz.weight", "BF16", [2 * nk * dk + 2 * nv * dv, h]
+            yield f"{a}.in_proj_ba.weight", "BF16", [2 * nv, h]
+            yield f"{a}.conv1d.weight", "BF16", [2 * nk * dk + nv * dv, 1, 4]
+            yield f"{a}.dt_bias", "BF16", [nv]
+            yield f"{a}.A_log", "F32", [nv]
+            yield f"{a}.norm.weight", "F32", [dv]
+            yield f"{a}.out_proj.weight", "BF16", [h, nv * dv]
+        else:
+            a = f"{p}.self_attn"
+            yield f"{a}.q_proj.weight", "BF16", [2 * heads * hd, h]  # query and its gate
+            yield f"{a}.k_proj.weight", "BF16", [kv * hd, h]
+            yield f"{a}.v_proj.weight", "BF16", [kv * hd, h]
+            yield f"{a}.o_proj.weight", "BF16", [h, heads * hd]
+            yield f"{a}.q_norm.weight", "BF16", [hd]
+            yield f"{a}.k_norm.weight", "BF16", [hd]
+        yield f"{p}.input_layernorm.weight", "BF16", [h]
+        yield f"{p}.post_attention_layernorm.weight", "BF16", [h]
+        yield f"{p}.mlp.gate.weight", "BF16", [experts, h]
+        yield f"{p}.mlp.shared_expert_gate.weight", "BF16", [1, h]
+        yield from _dense(f"{p}.mlp.shared_expert", h, config["shared_expert_intermediate_size"])
+        for e in range(experts):
+            yield from _dense(f"{p}.mlp.experts.{e}", h, inter)
+    yield "model.norm.weight", "BF16", [h]
+    yield "lm_head.weight", "BF16", [vocab, h]
+
+
 def tensors(name: str) -> list[Tensor]:
     """Every tensor of a fleet model, in checkpoint order."""
     config = MODELS[name]["config"]
     if name == "kimi-k2":
         return list(_kimi(config))
+    if name == "qwen3-next-80b-a3b":
+        return list(_qwen3_next(config))
     return list(_gqa(config, bias=config.get("model_type") == "qwen2"))
 
 

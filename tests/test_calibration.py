@@ -129,13 +129,23 @@ def test_a_pasted_log_calibrates_the_profile_estimate():
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_first_launch_calibrates_the_next_estimate(sim_fleet, launch_workers):
-    sim = sim_fleet["spare"]
+@pytest.mark.parametrize(
+    ("node_name", "model", "tp"),
+    [
+        ("spare", "qwen2.5-7b", 2),
+        ("incident", "qwen3-next-80b-a3b", 4),  # hybrid: a state pool shares the rest
+    ],
+)
+def test_a_first_launch_calibrates_the_next_estimate(
+    sim_fleet, launch_workers, node_name, model, tp
+):
+    sim = sim_fleet[node_name]
     sim.reboot()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()
-    command = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
+    path = f"/srv/models/{model}"
+    command = f"python3 -m sglang.launch_server --model-path {path} --tp-size {tp}"
     olga = make_user("olga", "operator")
     launch = launches.submit(node=node, command=command, actor=olga)
     wait_until(
@@ -143,21 +153,24 @@ def test_a_first_launch_calibrates_the_next_estimate(sim_fleet, launch_workers):
             Launch.objects.get(pk=launch.pk).status
             in (LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED)
         ),
-        120,
+        180,
         0.3,
     )
     launch.refresh_from_db()
-    assert launch.status == LaunchStatus.READY, launch.reason
+    assert launch.status == LaunchStatus.READY, (launch.reason, launch.checks)
     stored = Calibration.objects.get(launch=launch)
     assert stored.weights_per_rank_bytes == round(launch.progress["numbers"]["weights_gib"] * GiB)
-    assert stored.tp_size == 2 and stored.node_name == node.name
+    assert stored.tp_size == tp and stored.node_name == node.name
     served = launch.server_info["max_total_num_tokens"]
+    # Before calibration the estimate came from the safetensors headers, not from a guess.
+    assert launch.estimate["calibration"]["weights"] == "estimate"
+    assert launch.estimate["device_kv_tokens_per_rank"] == pytest.approx(served, rel=0.05)
     launches.stop(launch.pk, actor=olga)
     wait_until(lambda: Launch.objects.get(pk=launch.pk).status == LaunchStatus.STOPPED, 60, 0.3)
     discovery.discover(node.pk)
     node.refresh_from_db()
     args = command.split()[3:]
-    report = profiles.evaluate(args, node, profiles.model_facts(node, "/srv/models/qwen2.5-7b"))
+    report = profiles.evaluate(args, node, profiles.model_facts(node, path))
     assert report.calibration["source"] == "calibrated"
     assert report.calibration["label"].startswith(
         f"calibrated from launch #{launch.pk} on {node.name}: "

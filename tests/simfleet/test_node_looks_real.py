@@ -15,7 +15,7 @@ def test_up_describes_each_node(sim_fleet):
     node = sim_fleet["incident"]
     assert node.port == 22 and node.user == "root" and os.path.exists(node.key_path)
     assert node.host_key_fingerprint.startswith("SHA256:")
-    assert set(node.models) == {"kimi-k2", "llama-3-70b", "qwen2.5-7b"}
+    assert set(node.models) == {"kimi-k2", "llama-3-70b", "qwen2.5-7b", "qwen3-next-80b-a3b"}
     addresses = {n.host for n in sim_fleet.values()}
     assert len(addresses) == len(sim_fleet)
     assert node.ok("hostname").strip() == "incident"

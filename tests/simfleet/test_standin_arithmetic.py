@@ -104,3 +104,12 @@ def _count(shape: list[int]) -> int:
     for dim in shape:
         total *= dim
     return total
+
+
+def test_a_hybrid_keeps_kv_only_in_its_full_attention_layers():
+    hybrid = memory.Model("/m", MODELS["qwen3-next-80b-a3b"]["config"], 0)
+    assert hybrid.attention_layers == 12 and hybrid.linear_layers == 36
+    assert memory.cell_bytes(hybrid, 2, 1, 2) == 2 * 1 * 256 * 12 * 2
+    conv, ssm = memory.state_bytes_per_request(hybrid, 2, 1)
+    assert ssm == 16 * 128 * 128 * 4 * 36  # fp32 recurrent state of this rank's value heads
+    assert conv == (2 * 8 * 128 + 16 * 128) * 3 * 2 * 36

@@ -39,6 +39,18 @@ class Model:
         return str((self.config.get("architectures") or ["UnknownForCausalLM"])[0])
 
     @property
+    def attention_layers(self) -> int:
+        """Layers that keep KV: all, or the full-attention ones of a hybrid (``layer_types``)."""
+        kinds = self.text.get("layer_types")
+        if isinstance(kinds, list) and "linear_attention" in kinds:
+            return sum(k == "full_attention" for k in kinds)
+        return int(self.text["num_hidden_layers"])
+
+    @property
+    def linear_layers(self) -> int:
+        return int(self.text["num_hidden_layers"]) - self.attention_layers
+
+    @property
     def is_mla(self) -> bool:
         return "kv_lora_rank" in self.text
 
@@ -126,13 +138,26 @@ def elem_bytes(kv_cache_dtype: str, model: Model) -> int:
 def cell_bytes(model: Model, tp: int, pp: int, elem: int) -> int:
     """KV bytes per token on one rank: MLA latent replicated per rank; MHA/GQA sharded by heads."""
     c = model.text
-    layers = -(-int(c["num_hidden_layers"]) // pp)
+    layers = -(-model.attention_layers // pp)
     if model.is_mla:
         return (int(c["kv_lora_rank"]) + int(c["qk_rope_head_dim"])) * layers * elem
     heads = int(c["num_attention_heads"])
     kv_heads = int(c.get("num_key_value_heads") or heads)
     head_dim = int(c.get("head_dim") or int(c["hidden_size"]) // heads)
     return 2 * max(1, kv_heads // tp) * head_dim * layers * elem
+
+
+def state_bytes_per_request(model: Model, tp: int, pp: int) -> tuple[int, int]:
+    """Gated DeltaNet state one request keeps on a rank (SGLang's Mamba pool, §3 hybrid):
+    the conv state (bf16, kernel − 1 steps of q, k and v) and the recurrent state (fp32,
+    value heads × key dim × value dim), for this rank's heads and layers: (conv, ssm) bytes."""
+    c = model.text
+    nk, nv = int(c["linear_num_key_heads"]) // tp, int(c["linear_num_value_heads"]) // tp
+    dk, dv = int(c["linear_key_head_dim"]), int(c["linear_value_head_dim"])
+    conv = (2 * nk * dk + nv * dv) * (int(c["linear_conv_kernel_dim"]) - 1) * 2
+    ssm = nv * dk * dv * 4
+    layers = -(-model.linear_layers // pp)
+    return conv * layers, ssm * layers
 
 
 def default_mem_fraction(gpu_total_bytes: int, tp: int, pp: int) -> float:

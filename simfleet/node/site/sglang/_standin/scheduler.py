@@ -146,6 +146,19 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
         launch.model, launch.tp, launch.pp, memory.elem_bytes(dtype, launch.model)
     )
     rest = avail - pre * (1 - mfs)
+    pool_state = 0
+    if launch.model.linear_layers and rest > 0:
+        # Hybrid: the Mamba/GDN state pool takes its share first (handle_max_mamba_cache).
+        conv, ssm = memory.state_bytes_per_request(launch.model, launch.tp, launch.pp)
+        ratio = float(launch.flag("mamba_full_memory_ratio", default=0.9) or 0.9)
+        slots = launch.flag("max_mamba_cache_size")
+        slots = int(slots) if slots else int(rest * ratio / (1 + ratio) // (conv + ssm))
+        pool_state = slots * (conv + ssm)
+        rest -= pool_state
+        log(
+            f"Mamba Cache is allocated. max_mamba_cache_size: {slots}, conv_state size: "
+            f"{slots * conv / GiB:.2f}GB, ssm_state size: {slots * ssm / GiB:.2f}GB"
+        )
     tokens = int(rest // cell) if rest > 0 else 0
     cap = launch.flag("max_total_tokens")
     if cap:
@@ -158,7 +171,7 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
             message += f" Current value: mem_fraction_static={mfs}"
         raise SchedulerException("RuntimeError", message, "model_executor/model_runner.py")
     kv = tokens * cell
-    state.add_gpu_bytes(gpu, kv)
+    state.add_gpu_bytes(gpu, kv + pool_state)
     if launch.model.is_mla:
         log(f"KV Cache is allocated. #tokens: {tokens}, KV size: {kv / GiB:.2f} GB")
     else:
