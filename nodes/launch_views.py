@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import json
 import re
 import shlex
@@ -270,8 +269,9 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     launch = get_object_or_404(Launch, pk=pk)
     name = f"launch-{launch.pk}.log"
     if launch.log_archive:
-        body = gzip.decompress(bytes(launch.log_archive))
-        response: HttpResponseBase = HttpResponse(body, content_type="text/plain; charset=utf-8")
+        response: HttpResponseBase = StreamingHttpResponse(
+            bundles.archived_log(launch), content_type="text/plain; charset=utf-8"
+        )
     else:
 
         def lines() -> Iterator[str]:

@@ -10,7 +10,7 @@ import lzma
 import tarfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -21,7 +21,7 @@ from nodes.domain.bundle import (
     launch_facts,
     timeline_snapshots,
 )
-from nodes.domain.redact import redact_args, redact_env
+from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_values
 from nodes.models import Launch
 from nodes.services import launches
 
@@ -32,10 +32,20 @@ MAX_MEMBERS = 1000
 MAX_ARCHIVE_BYTES = 512 * 2**20
 
 
+def archived_log(launch: Launch) -> Iterator[bytes]:
+    """The launch's archived whole log (stored when lines were dropped from the database),
+    masked line by line as it is read: secret values of its revision and every secret the text
+    names. (Archives written before the follower masked them hold the node's raw log.)"""
+    revision = launch.revision
+    secrets = secret_values(list(revision.args), dict(revision.env or {}))
+    with gzip.GzipFile(fileobj=io.BytesIO(bytes(launch.log_archive or b""))) as raw:
+        yield from masked_lines(iter(lambda: raw.read(1 << 16), b""), secrets)
+
+
 def launch_log_text(launch: Launch) -> str:
-    """The launch's whole log as stored (the archive when lines were dropped)."""
+    """The launch's whole log as stored (the archive when lines were dropped), masked."""
     if launch.log_archive:
-        return gzip.decompress(bytes(launch.log_archive)).decode(errors="replace")
+        return b"".join(archived_log(launch)).decode(errors="replace")
     lines = launch.lines.order_by("seq").values_list("text", flat=True)
     return "".join(f"{text}\n" for text in lines.iterator(chunk_size=5000))
 
