@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.urls import reverse
@@ -186,7 +187,7 @@ def archive_of(case: Path) -> io.BytesIO:
     return buffer
 
 
-def diagnosed(client, upload) -> str:
+def diagnosed(client: Any, upload: Any) -> str:
     """Upload as the page does, let the worker's job run (as the task does), read the result."""
     response = client.post(reverse("nodes:bundle-diagnose"), {"bundle": upload})
     assert response.status_code == 302, response.content.decode()[:500]
@@ -194,7 +195,7 @@ def diagnosed(client, upload) -> str:
     pending = client.get(response.url).content.decode()
     assert 'hx-trigger="every 1s"' in pending and job.result is None  # not read by the web
     bundle_uploads.diagnose_upload(job.pk)
-    return client.get(response.url).content.decode()
+    return str(client.get(response.url).content.decode())
 
 
 def test_an_uploaded_bundle_from_another_server_is_diagnosed(viewer_client, celery_app_for_tests):
@@ -294,7 +295,7 @@ class Newlines(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def]
+    def readinto(self, buffer: Any) -> int:
         n = min(len(buffer), self.left)
         buffer[:n] = b"\n" * n
         self.left -= n
