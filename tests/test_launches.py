@@ -354,7 +354,7 @@ def test_the_whole_log_is_archived_masked_as_it_streams_from_the_node(spare, olg
     follower.secrets = ["sk-archive-77", "pw-archive-88", "100000"]
     follower._archive(launch)
     launch.refresh_from_db()
-    archived = gzip.decompress(bytes(launch.log_archive)).decode()
+    archived = gzip.decompress(bytes(launch.log_archive or b"")).decode()
     assert "sk-archive-77" not in archived and "pw-archive-88" not in archived
     assert archived.count("max_total_num_tokens=100000") == 2000
     assert archived.count("api_key='****'") == 2000 and len(archived.splitlines()) == 6000
