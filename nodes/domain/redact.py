@@ -21,6 +21,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 from nodes.domain.sglang_flags import LIST_DESTS, FlagTable, parse_table
 
@@ -47,10 +48,7 @@ def is_secret_name(name: str) -> bool:
     """Whether a variable, key or flag named ``name`` holds a secret (see the module's rule).
     ``PWD`` alone is the working folder, not a password; trailing numbers are ignored
     (``API_KEY_2``)."""
-    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
-    parts = [p.upper() for p in re.split(r"[^A-Za-z0-9]+", spaced) if p]
-    while parts and parts[-1].isdigit():
-        parts.pop()
+    parts = _parts(name)
     if not parts:
         return False
     if any(part in SECRET_PARTS for part in parts):
@@ -58,6 +56,15 @@ def is_secret_name(name: str) -> bool:
     if parts == ["PWD"]:
         return False
     return parts[-1] in LAST_PARTS
+
+
+def _parts(name: str) -> list[str]:
+    """``"openaiApiKey_2"`` → ``["OPENAI", "API", "KEY"]``."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", name)
+    parts = [p.upper() for p in re.split(r"[^A-Za-z0-9]+", spaced) if p]
+    while parts and parts[-1].isdigit():
+        parts.pop()
+    return parts
 
 
 # --- flags -------------------------------------------------------------------------------------
@@ -265,8 +272,11 @@ def _secret_key(name: str, separator: str) -> bool:
     every, secret = _known_dests()
     if name in every:  # one of SGLang's settings (server_args=ServerArgs(...)): its table says
         return name in secret
-    # ``token: 5`` in a progress line is a count; only ``=`` or a quoted JSON key assigns.
-    return is_secret_name(name) and ("=" in separator or separator.startswith(('"', "'")))
+    if "=" in separator or separator.startswith(('"', "'")):
+        return is_secret_name(name)
+    # ``#token: 5`` in a progress line is a count: after a bare ``name:`` only the words that
+    # are never anything but secrets count (``password: …``).
+    return any(part in SECRET_PARTS for part in _parts(name))
 
 
 def _mask_named(text: str, pattern: re.Pattern[str], secret: Callable[[str, str], bool]) -> str:
@@ -299,6 +309,19 @@ def mask_assignments(text: str) -> str:
 @cache
 def _secret_option(flag: str, _separator: str = "") -> bool:
     return is_secret_flag(flag)
+
+
+def mask_doc(doc: Any, secrets: Iterable[str]) -> Any:
+    """A JSON-ready ``doc`` with :func:`mask_text` applied to every string in it (keys kept):
+    masking the serialised text instead could cut an escaped quote and break the JSON."""
+    known = list(secrets)
+    if isinstance(doc, str):
+        return mask_text(doc, known)
+    if isinstance(doc, list | tuple):
+        return [mask_doc(item, known) for item in doc]
+    if isinstance(doc, dict):
+        return {key: mask_doc(value, known) for key, value in doc.items()}
+    return doc
 
 
 MAX_LINE_BYTES = 1 << 20

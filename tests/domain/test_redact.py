@@ -128,3 +128,21 @@ def test_masking_a_streamed_log_cuts_lines_anywhere_and_keeps_other_bytes():
         assert b"".join(masked_lines(chunks, ["sk-live-4f9a"])) == (
             b"api_key='****' x\n\xff\xfe ****\nmax_total_num_tokens=100000\nHF_TOKEN=****"
         )
+
+
+def test_a_document_is_masked_string_by_string_and_stays_json():
+    import json
+
+    from nodes.domain.redact import mask_doc
+
+    doc = {"messages": ['unrecognized arguments: api_key="sk-live-4f9a"', 3], "n": 100000}
+    shown = mask_doc(doc, ["sk-live-4f9a", "100000"])
+    assert json.loads(json.dumps(shown)) == {
+        "messages": ['unrecognized arguments: api_key="****"', 3],
+        "n": 100000,
+    }
+
+
+def test_after_a_bare_colon_only_words_that_are_always_secret_count():
+    line = "#new-token: 512, #token: 1234, password: hunter2, secret_key: abc"
+    assert mask_text(line, []) == "#new-token: 512, #token: 1234, password: ****, secret_key: ****"
