@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
 from nodes.domain.sglang_flags import LIST_DESTS, FlagTable, parse_table
 
 MASK = "****"
-#: Secret flags of every known SGLang version, for text that names them without a table.
-SECRET_FLAGS = ("--api-key", "--admin-api-key", "--ssl-keyfile-password")
 # A name holding one of these parts anywhere is secret (SECRET_KEY_BASE, PRIVATE_KEY_PATH).
 SECRET_PARTS = frozenset(
     {
@@ -44,6 +42,7 @@ LAST_PARTS = frozenset(
 TABLE_FILE = Path(__file__).resolve().parent.parent / "data" / "sglang-flags-by-version.tsv"
 
 
+@lru_cache(maxsize=4096)  # log lines repeat the same few names
 def is_secret_name(name: str) -> bool:
     """Whether a variable, key or flag named ``name`` holds a secret (see the module's rule).
     ``PWD`` alone is the working folder, not a password; trailing numbers are ignored
@@ -300,10 +299,23 @@ def mask_assignments(text: str) -> str:
     ``"password": "…"``, ``--api-key …``, ``Bearer …`` and URL passwords masked. Numbers and
     flags of ordinary settings (``--max-total-tokens 100000``, ``max_total_num_tokens=100000``,
     ``#token: 12``) are left as they are."""
-    text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
-    text = _BEARER.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
-    text = _mask_named(text, _KEY, _secret_key)
-    return _mask_named(text, _OPTION, _secret_option)
+    # Each pattern runs only where its mark is in the text: the follower masks every line.
+    if "://" in text:
+        text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)
+    lowered = text.lower()
+    if "bearer" in lowered or "basic" in lowered:
+        text = _BEARER.sub(lambda m: f"{m['name']}{m['sep']}{MASK}", text)
+    assigns = "=" in text or '":' in text or "':" in text
+    if assigns or (":" in text and any(word in lowered for word in _ALWAYS_SECRET_WORDS)):
+        text = _mask_named(text, _KEY, _secret_key)
+    if "--" in text:
+        text = _mask_named(text, _OPTION, _secret_option)
+    return text
+
+
+# Substrings of SECRET_PARTS' words, to skip the ``name: value`` scan of lines without them.
+_ALWAYS_SECRET_WORDS = ("secret", "passw", "passphrase", "private", "credential", "creds")
+_ALWAYS_SECRET_WORDS += ("apikey", "accesskey", "authtoken", "cookie")
 
 
 @cache
