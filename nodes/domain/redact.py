@@ -314,8 +314,10 @@ def mask_assignments(text: str) -> str:
 
 
 # Substrings of SECRET_PARTS' words, to skip the ``name: value`` scan of lines without them.
-_ALWAYS_SECRET_WORDS = ("secret", "passw", "passphrase", "private", "credential", "creds")
-_ALWAYS_SECRET_WORDS += ("apikey", "accesskey", "authtoken", "cookie")
+_ALWAYS_SECRET_WORDS = (
+    *("secret", "passw", "passphrase", "private", "credential", "creds"),
+    *("apikey", "accesskey", "authtoken", "cookie"),
+)
 
 
 @cache
