@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import json
 import re
 import shlex
@@ -32,7 +31,7 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from kombu.exceptions import OperationalError
@@ -40,16 +39,15 @@ from redis.exceptions import RedisError
 
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain import remedy, timeline
-from nodes.domain.bundle import BundleError
 from nodes.domain.logparse import PHASES, Progress, phase_label
-from nodes.domain.redact import mask_assignments, redact_args
+from nodes.domain.redact import redact_args
 from nodes.launch_forms import BundleUploadForm, LaunchForm
-from nodes.models import Launch, LaunchLogLine, Node, ProfileRevision
+from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.roles import has_role, role_required
-from nodes.services import bundles, diagnoses, launches
+from nodes.services import bundle_uploads, bundles, diagnoses, launches
 from nodes.services.follower import channel
 from nodes.services.teams import visible_profiles
-from nodes.tasks import stop_launch
+from nodes.tasks import diagnose_upload, stop_launch
 from nodes.views import HtmxHttpRequest, _redirect
 
 LINES_SHOWN = 2000
@@ -270,8 +268,9 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     launch = get_object_or_404(Launch, pk=pk)
     name = f"launch-{launch.pk}.log"
     if launch.log_archive:
-        body = gzip.decompress(bytes(launch.log_archive))
-        response: HttpResponseBase = HttpResponse(body, content_type="text/plain; charset=utf-8")
+        response: HttpResponseBase = StreamingHttpResponse(
+            bundles.archived_log(launch), content_type="text/plain; charset=utf-8"
+        )
     else:
 
         def lines() -> Iterator[str]:
@@ -330,35 +329,40 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 
 @require_http_methods(["GET", "POST"])
 @login_required
-def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponse:
-    """Upload a bundle (``.tar.gz`` of a ``rankwise-case/1`` folder) from any server and read
-    its diagnosis; nothing is stored."""
+def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponseBase:
+    """Upload a bundle (``.tar.gz`` of a ``rankwise-case/1`` folder) from any server: it is kept
+    for a worker, which reads it with bounds and diagnoses it; the result page polls."""
     form = BundleUploadForm(request.POST or None, request.FILES or None)
-    context: dict[str, Any] = {"form": form}
     if request.method == "POST" and form.is_valid():
-        upload = form.cleaned_data["bundle"]
+        job = bundle_uploads.store(form.cleaned_data["bundle"], request.user)
         try:
-            text, facts = bundles.read_bundle_file(upload)
-        except BundleError as exc:
-            form.add_error("bundle", str(exc))
+            # The job's id is the task's, so a caller can wait on the task by the page's URL.
+            diagnose_upload.apply_async((str(job.pk),), task_id=str(job.pk))
+        except OperationalError:
+            job.delete()
+            form.add_error(None, "The task queue (Redis) does not answer; nothing was diagnosed.")
         else:
-            found = diagnoses.diagnose_bundle(text, facts)
-            lines = [mask_assignments(line) for line in text.splitlines()]
-            context.update(
-                diagnosis=found.to_json(),
-                summary=mask_assignments(found.summary),
-                name=upload.name,
-                excerpts=[
-                    (
-                        e.line,
-                        lines[e.line - 1]
-                        if e.line and e.line <= len(lines)
-                        else mask_assignments(e.text),
-                    )
-                    for e in found.evidence
-                ],
-                line_count=len(lines),
-            )
+            return redirect(reverse("nodes:bundle-diagnosis", args=[job.pk]))
+    return render(request, "nodes/bundle_diagnose.html", {"form": form})
+
+
+@require_GET
+@login_required
+def bundle_diagnosis(request: HtmxHttpRequest, pk: str) -> HttpResponse:
+    """An uploaded bundle's diagnosis, for the user who uploaded it (pending: the page polls)."""
+    job = get_object_or_404(BundleUpload.objects.defer("data"), pk=pk, owner=request.user)
+    result = job.result or {}
+    context = {
+        "form": BundleUploadForm(),
+        "job": job,
+        "pending": job.status == BundleUpload.Status.PENDING,
+        "error": result.get("error"),
+        "diagnosis": result.get("diagnosis"),
+        "summary": result.get("summary"),
+        "excerpts": result.get("excerpts") or [],
+        "line_count": result.get("line_count"),
+        "name": job.name,
+    }
     return render(request, "nodes/bundle_diagnose.html", context)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -555,3 +556,33 @@ class ApiToken(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class BundleUpload(models.Model):
+    """A bundle uploaded to ``/diagnose/``, diagnosed by a worker, not by the web process.
+
+    ``data`` holds the archive as uploaded (bounded by the form) until the worker read it;
+    ``result`` then holds what the page shows: ``{"diagnosis", "summary", "excerpts",
+    "line_count"}`` (secrets masked) or ``{"error": reason}``. Only ``owner`` sees it.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        REFUSED = "refused"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="bundle_uploads"
+    )
+    name = models.CharField(max_length=200)
+    data = models.BinaryField(default=b"")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"

@@ -14,7 +14,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from nodes import ssh
-from nodes.services import cleanup, discovery, follower, launches, teams
+from nodes.services import bundle_uploads, cleanup, discovery, follower, launches, teams
 
 
 @shared_task(name="nodes.discover_node", soft_time_limit=150, time_limit=180)
@@ -24,6 +24,12 @@ def discover_node(node_id: int) -> dict[str, Any]:
         return discovery.discover(node_id).to_json()
     except ssh.RemoteError as exc:
         return {"error": exc.message, "kind": exc.kind}
+
+
+@shared_task(name="nodes.diagnose_upload", soft_time_limit=120, time_limit=150)
+def diagnose_upload(upload_id: str) -> str:
+    """Read and diagnose a bundle uploaded to /diagnose/ (bounded read, off the web process)."""
+    return bundle_uploads.diagnose_upload(upload_id)
 
 
 @shared_task(name="nodes.heartbeat", soft_time_limit=60, time_limit=90, expires=60)

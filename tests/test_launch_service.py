@@ -119,3 +119,25 @@ def test_a_launch_can_move_the_server_to_another_port(launch):
         ("gpu", 5),
         ("port", 31000),
     }
+
+
+def test_a_numeric_api_key_masks_its_echo_but_not_the_numbers_the_parser_reads(launch):
+    from nodes.domain.redact import secret_values
+
+    follower = Follower(launch.pk)
+    assert launches.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
+    follower.offset, follower.seq = 0, 0
+    follower.secrets = secret_values(["--api-key", "100000", "--max-total-tokens", "100000"], {})
+    follower.progress = Progress()
+    lines = [
+        "server_args=ServerArgs(api_key='100000', max_total_tokens=100000)",
+        "[2026-12-01 10:00:00 TP0] max_total_num_tokens=100000, chunked_prefill_size=8192",
+    ]
+    follower._store(launch, [Piece(text, len(text) + 1) for text in lines])
+    stored = list(LaunchLogLine.objects.filter(launch=launch).values_list("text", flat=True))
+    assert stored == [
+        "server_args=ServerArgs(api_key='****', max_total_tokens=100000)",
+        lines[1],
+    ]
+    launch.refresh_from_db()
+    assert Progress.from_json(launch.progress).numbers["max_total_num_tokens"] == 100000

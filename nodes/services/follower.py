@@ -9,9 +9,12 @@ the same bytes, and a new one continues exactly where the record ends.
 
 from __future__ import annotations
 
+import gzip
+import io
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -25,7 +28,7 @@ from nodes.choices import LAUNCH_ENDED, LaunchStatus
 from nodes.domain import launch_plan as plan
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
-from nodes.domain.redact import mask_text, secret_values
+from nodes.domain.redact import mask_text, masked_lines, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
 from nodes.services import diagnoses, launches, stamps, teams
@@ -259,12 +262,14 @@ class Follower:
         if not pieces:
             return
         size = sum(p.size for p in pieces)
-        texts = [mask_text(p.text, self.secrets) for p in pieces if p.text is not None]
+        raw = [p.text for p in pieces if p.text is not None]
+        texts = [mask_text(t, self.secrets) for t in raw]
         rows = [
             LaunchLogLine(launch_id=self.launch_id, seq=self.seq + i + 1, text=t)
             for i, t in enumerate(texts)
         ]
-        changed = any([advance(self.progress, t) for t in texts])
+        # Numbers are read from what the server wrote, not from the masked copy.
+        changed = any([advance(self.progress, t) for t in raw])
         with transaction.atomic():
             fields: dict[str, Any] = {
                 "log_offset": self.offset + size,
@@ -315,18 +320,21 @@ class Follower:
 
     def _archive(self, launch: Launch) -> None:
         """Keep the whole log with the launch, since the database kept only part of it."""
-        import gzip
-
+        # Masked line by line as it streams in: the node's file holds secrets in clear (the
+        # server prints its ServerArgs), the archive must not.
+        buffer = io.BytesIO()
         try:
-            with ssh.pool.session(target_for(launch.node)) as client:
+            with (
+                ssh.pool.session(target_for(launch.node)) as client,
+                gzip.GzipFile(fileobj=buffer, mode="wb") as archive,
+            ):
                 stream = ssh.stream(client, ["cat", f"{launch.remote_dir}/server.log"])
-                chunks = []
-                while (chunk := stream.read(30)) is not None:
-                    chunks.append(chunk)
+                for line in masked_lines(_chunks(stream), self.secrets):
+                    archive.write(line)
         except ssh.RemoteError as exc:
             log.warning("launch %s: log not archived: %s", launch.pk, exc.message)
             return
-        Launch.objects.filter(pk=launch.pk).update(log_archive=gzip.compress(b"".join(chunks)))
+        Launch.objects.filter(pk=launch.pk).update(log_archive=buffer.getvalue())
 
     # --- health ----------------------------------------------------------------------------------
 
@@ -413,3 +421,9 @@ class Follower:
             launches.fail(
                 launch.pk, f"health check failed {self.health_failures} times in a row: {problem}"
             )
+
+
+def _chunks(stream: ssh.Stream) -> Iterator[bytes]:
+    """What a finite remote command prints, until it ends."""
+    while (chunk := stream.read(30)) is not None:
+        yield chunk

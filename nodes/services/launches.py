@@ -32,7 +32,7 @@ from nodes.domain import launch_plan as plan
 from nodes.domain import timeline
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.probe_parse import NodeFacts
-from nodes.domain.redact import mask_text, redact_args, redact_env, secret_values
+from nodes.domain.redact import mask_doc, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
@@ -157,8 +157,7 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
 def masked(doc: Any, args: list[str], env: dict[str, str]) -> Any:
     """``doc`` (JSON-ready) with the command's secret values masked wherever they appear, e.g.
     in argparse's "unrecognized arguments: VALUE" after a mistyped ``--api-keys VALUE``."""
-    secrets = secret_values(args, env)
-    return json.loads(mask_text(json.dumps(doc), [json.dumps(v)[1:-1] for v in secrets]))
+    return mask_doc(doc, secret_values(args, env))
 
 
 def create(
