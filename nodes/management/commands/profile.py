@@ -18,7 +18,6 @@ Exit 2 for a profile the actor cannot see.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from typing import Any, NoReturn
@@ -57,7 +56,12 @@ class Command(OneLineCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, parser_class=OneLineParser)
-        save = sub.add_parser("save", help="Check a launch command on a node and save it.")
+        save = sub.add_parser(
+            "save",
+            help="Check a launch command on a node and save it.",
+            usage="%(prog)s NAME --node NODE [--env NAME=VALUE]... [--message TEXT] [--json] "
+            "[--actor USER] -- COMMAND...",
+        )
         save.add_argument("name", help="The profile (made if new; else its next revision).")
         save.add_argument("--node", required=True, help="The node to check it on.")
         save.add_argument(
@@ -66,11 +70,17 @@ class Command(OneLineCommand):
         save.add_argument("--message", default="", help="What changed.")
         save.add_argument("--json", action="store_true", help="Print only one JSON document.")
         add_actor_argument(save)
-        save.add_argument("command", nargs=argparse.REMAINDER, help="-- python3 -m sglang…")
         show = sub.add_parser("show", help="Show a profile revision, secrets masked.")
         show.add_argument("spec", metavar="NAME[@REV]")
         show.add_argument("--json", action="store_true", help="Print one JSON document.")
         add_actor_argument(show)
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        # argparse cannot take options between NAME and a command that has its own options
+        # (REMAINDER swallows --node): everything after the first -- is the launch command.
+        cut = argv.index("--") if "--" in argv else len(argv)
+        self.words = argv[cut + 1 :]
+        super().run_from_argv(argv[:cut])
 
     def handle(self, *args: Any, **options: Any) -> None:
         self.as_json = options["json"]
@@ -101,9 +111,7 @@ class Command(OneLineCommand):
             self.refuse(f"no node named {options['node'][:63]!r}")
         if len(options["message"]) > MAX_MESSAGE:
             self.refuse(f"--message is longer than {MAX_MESSAGE} characters")
-        words = list(options["command"] or [])
-        if words[:1] == ["--"]:
-            words = words[1:]
+        words = list(getattr(self, "words", []))
         if not words:
             self.refuse("give the launch command after --")
         try:
