@@ -227,7 +227,13 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
             continue
         key, _, value = word.partition("=")
         env[key] = value
-    if words and PYTHON.fullmatch(words[0].rsplit("/", 1)[-1]):
+    if (
+        words
+        and PYTHON.fullmatch(words[0].rsplit("/", 1)[-1])
+        and any(w.endswith(LAUNCHERS[0][1]) for w in words)
+    ):
+        # Another program's command (``python -m vllm…``, from a bundle) stays as it is: its
+        # words are no SGLang flags, so a profile refuses them and a diagnosis reads what it can.
         return words[_after_python_options(words) :], env
     for launcher in LAUNCHERS:
         for i in range(len(words) - len(launcher) + 1):
