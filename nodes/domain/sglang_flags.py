@@ -16,7 +16,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import VERSION_PATTERN, InvalidVersion, Version
 
 KNOWN_TABLES = ("0.4.10.post2", "0.5.2", "0.5.9", "0.5.23")
 # Flags removed between versions, and what replaced them (shared/reference/sglang.md §7).
@@ -115,9 +115,10 @@ def _literal(text: str) -> Any:
         return text
 
 
-#: What an SGLang version string looks like (``0.5.9``, ``0.4.10.post2``, ``0.5.0rc1``): text
-#: from elsewhere (a bundle, an import) is checked against it before it is parsed as one.
-VERSION_TEXT = re.compile(r"\d{1,4}(?:\.\d{1,6}){0,3}(?:[.+-]?[A-Za-z][A-Za-z0-9]{0,15}){0,3}")
+#: What an SGLang version string looks like: a PEP 440 version (``0.5.9``, ``0.4.10.post2``,
+#: ``0.5.0rc1``, ``0.5.9+cu124``) of at most 32 characters (the column's width). Text from
+#: elsewhere (a bundle, an import) is checked against it (``fullmatch``) before it is used.
+VERSION_TEXT = re.compile(r"(?=.{1,32}\Z)" + VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
 
 
 def sglang_version(text: str) -> Version:

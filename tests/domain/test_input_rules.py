@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from nodes.domain.budget import NodeMemory, check
-from nodes.domain.sglang_flags import is_port_flag, parse_command, split_command, table_for
+from nodes.domain.sglang_flags import (
+    VERSION_TEXT,
+    is_port_flag,
+    parse_command,
+    split_command,
+    table_for,
+)
 from nodes.flag_tables import _tables, table
 
 GB, GiB = 10**9, 2**30
@@ -155,3 +161,20 @@ def test_the_hicache_autosize_rule_follows_pep_440_order(version, autosized):
 def test_the_per_rank_host_check_rule_follows_pep_440_order(version, per_rank):
     found = codes(version, "--tp-size 2 --enable-hierarchical-cache --hicache-size 10")
     assert ("per_rank_check" in found) is per_rank
+
+
+@pytest.mark.parametrize(
+    ("text", "readable"),
+    [
+        ("0.5.9", True),
+        ("0.5.0rc1", True),
+        ("0.5.9.dev0", True),
+        ("0.5.9.post1+local.2", True),  # refused by the hand-written pattern
+        ("0.5.9+cu124.torch2.9", True),
+        ("0.5.9-custom", False),  # not PEP 440: an import or bundle cannot name it
+        ("0.5.9\n", False),
+        ("1." * 20 + "1", False),  # longer than the 32-character column
+    ],
+)
+def test_version_text_from_imports_and_bundles_is_pep_440(text, readable):
+    assert bool(VERSION_TEXT.fullmatch(text)) is readable
