@@ -233,8 +233,9 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
         and PYTHON.fullmatch(words[0].rsplit("/", 1)[-1])
         and any(w.endswith(LAUNCHERS[0][1]) for w in words)
     ):
-        # Another program's command (``python -m vllm…``, from a bundle) stays as it is: its
-        # words are no SGLang flags, so a profile refuses them and a diagnosis reads what it can.
+        # The interpreter's options are read one by one only when it is to run SGLang's
+        # server; another program's command (``python -m vllm…`` in a bundle) falls through
+        # as it is: its words are no SGLang flags, which a profile refuses anyway.
         return words[_after_python_options(words) :], env
     for launcher in LAUNCHERS:
         for i in range(len(words) - len(launcher) + 1):
