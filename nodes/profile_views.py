@@ -26,13 +26,22 @@ from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import has_role, role_required
 from nodes.services.profiles import (
     DEFAULT_VERSION,
+    ProfileRefused,
     evaluate,
     model_facts,
     model_of,
     save_revision,
+    submit_revision,
 )
 from nodes.services.teams import visible_profiles
 from nodes.views import HtmxHttpRequest, _redirect
+
+# What the form says when the save is refused, by ``ProfileRefused.kind`` (else its reason).
+SAVE_REFUSALS = {
+    "block": (None, "Blocked: this node cannot run this profile (see the budget)."),
+    "warn": ("acknowledge", "Read the warnings, then tick this box to save."),
+    "exists": ("name", "A profile with this name exists; edit it to add a revision."),
+}
 
 
 @require_GET
@@ -376,31 +385,24 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         form.initial["name"] = profile.name
     if form.is_valid():
         context.update(_checked(form))
-        report = context["report"]
         if request.POST.get("action") == "save":
-            if report.verdict == "block":
-                form.add_error(None, "Blocked: this node cannot run this profile (see the budget).")
-            elif report.verdict == "warn" and not form.cleaned_data["acknowledge"]:
-                form.add_error("acknowledge", "Read the warnings, then tick this box to save.")
-            elif (
-                profile is None
-                and LaunchProfile.objects.filter(name=form.cleaned_data["name"]).exists()
-            ):
-                form.add_error(
-                    "name", "A profile with this name exists; edit it to add a revision."
-                )
-            else:
-                revision = save_revision(
+            try:
+                revision, _ = submit_revision(
                     profile_name=form.cleaned_data["name"],
+                    node=form.cleaned_data["node"],
                     args=form.args(),
                     env=form.cleaned_data["env"],
                     message=form.cleaned_data["message"],
-                    node=form.cleaned_data["node"],
-                    report=report,
-                    model=context["model"],
                     actor=request.user,
+                    acknowledged=form.cleaned_data["acknowledge"],
+                    new_profile=profile is None,
+                    pasted_config=form.cleaned_data["model_config"],
                     request=request,
                 )
+            except ProfileRefused as refused:
+                field, text = SAVE_REFUSALS.get(refused.kind, (None, refused.reason))
+                form.add_error(field, text)
+            else:
                 messages.success(request, f"Saved {revision}.")
                 return _redirect(
                     request, reverse("nodes:profile-detail", args=[revision.profile_id])

@@ -14,10 +14,7 @@ from nodes.api.nodes import named
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
 from nodes.audit import record
 from nodes.choices import Role
-from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport
-from nodes.domain.sglang_flags import parse_command
-from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node
 from nodes.services import exchange, profiles
 from nodes.services.teams import visible_profiles
@@ -76,13 +73,9 @@ def get_profile(request: HttpRequest, name: str) -> Any:
 
 
 def _check(node: Node, args: list[str], env: dict[str, str]) -> BudgetReport:
-    version = table(node.sglang_version or profiles.DEFAULT_VERSION)
-    flags = parse_command(args, version)
-    refused = [i for i in flags.issues if i.code in ("unknown", "invalid")]
-    if refused:
-        raise HttpError(400, f"SGLang {version.version} refuses it: {refused[0].message}")
-    model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
-    return profiles.evaluate(args, node, model, env=env)
+    if problem := profiles.input_problem(node, args, env):
+        raise HttpError(400, problem)
+    return profiles.evaluate(args, node, profiles.model_of(node, args), env=env)
 
 
 def _budget(report: BudgetReport) -> dict[str, Any]:
@@ -99,31 +92,19 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
     """Save the next revision of profile ``name`` (made if new) after checking it on ``node``:
     400 with the budget when it is blocked, or warns and ``acknowledge_warnings`` is false."""
     require(request, Role.OPERATOR)
-    if problem := rules.check_node_name(name):
-        raise HttpError(400, f"profile name: {problem}")
-    existing = LaunchProfile.objects.filter(name=name).first()
-    if existing is not None and existing.adhoc:
-        raise HttpError(400, f"{name} is an ad-hoc profile of a launch")
-    if existing is not None and not visible_profiles(request.user).filter(pk=existing.pk).exists():
-        raise HttpError(404, "no such profile")  # a team's own profile: others cannot write to it
-    bad = [k for k in body.env if not k.isidentifier() or not k.isascii()]
-    if bad:
-        raise HttpError(400, f"env: {bad[0]!r} is not a variable name")
-    node = named(body.node)
-    report = _check(node, body.args, body.env)
-    if report.verdict == "block" or (report.verdict == "warn" and not body.acknowledge_warnings):
-        why = [m.text for m in report.messages if m.level in ("block", "warn")]
-        raise HttpError(400, f"{report.verdict}: {'; '.join(why)}")
-    model = profiles.model_of(node, body.args)
-    profiles.save_revision(
-        profile_name=name,
-        args=body.args,
-        env=body.env,
-        message=body.message,
-        node=node,
-        report=report,
-        model=model,
-        actor=request.user,
-        request=request,
-    )
+    try:
+        _, report = profiles.submit_revision(
+            profile_name=name,
+            node=named(body.node),
+            args=body.args,
+            env=body.env,
+            message=body.message,
+            actor=request.user,
+            acknowledged=body.acknowledge_warnings,
+            request=request,
+        )
+    except profiles.ProfileRefused as refused:
+        if refused.kind == "missing":
+            raise HttpError(404, "no such profile") from None
+        raise HttpError(400, refused.reason) from None
     return Status(201, _budget(report))

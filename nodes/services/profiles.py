@@ -1,9 +1,14 @@
-"""Launch profiles: check a profile against a node's memory and save it as a new revision."""
+"""Launch profiles: check a profile against a node's memory and save it as a new revision.
+
+``submit_revision`` is the one door for a new revision from the form, the API and the CLI: the
+same input checks, the same budget, the same audit.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -14,12 +19,14 @@ from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
+from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node, ProfileRevision
 from nodes.services.credentials import target_for
+from nodes.services.teams import visible_profiles
 
 Actor = AbstractBaseUser | AnonymousUser
 DEFAULT_VERSION = "0.5.9"
@@ -34,6 +41,23 @@ weights = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
               if n.endswith((".safetensors", ".bin", ".pt")))
 print(json.dumps({"config": config, "weights_bytes": weights}))
 """
+
+
+#: A variable name a shell can set (ASCII: what ``export`` accepts), as the pasted command's.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+MAX_ARGS, MAX_ARGS_CHARS = 2000, 65536  # as the API and an import bound them
+
+
+class ProfileRefused(Exception):
+    """Why a revision was not saved: ``kind`` is ``input`` (the name, a flag, a port or the
+    environment is refused; the reason says which), ``exists`` (a new profile's name is
+    taken), ``missing`` (another team's profile, which the actor cannot see), ``block`` (the
+    budget blocks it on the node) or ``warn`` (its warnings were not acknowledged);
+    ``report`` is the budget when one was made."""
+
+    def __init__(self, kind: str, reason: str, report: BudgetReport | None = None) -> None:
+        super().__init__(reason)
+        self.kind, self.reason, self.report = kind, reason, report
 
 
 @dataclass(frozen=True)
@@ -175,3 +199,68 @@ def save_revision(
             request=request,
         )
     return revision
+
+
+def input_problem(node: Node, args: list[str], env: dict[str, str]) -> str | None:
+    """Why ``args`` and ``env`` are refused before any budget, in one line: a flag or value the
+    node's SGLang version refuses (an unknown flag, a port outside 1–65535…), a variable name
+    no shell can set. ``None`` when they are usable."""
+    if len(args) > MAX_ARGS or sum(map(len, args)) > MAX_ARGS_CHARS:
+        return "the command is longer than a command line can be"
+    version = node.sglang_version or DEFAULT_VERSION
+    issues = parse_command(list(args), table(version)).issues
+    refused = [i for i in issues if i.code in ("unknown", "invalid")]
+    if refused:
+        return f"SGLang {version} refuses it: {refused[0].message}"
+    bad = [k for k in env if not ENV_NAME.fullmatch(k)]
+    if bad:
+        return f"env: {bad[0][:40]!r} is not a variable name"
+    return None
+
+
+def submit_revision(
+    *,
+    profile_name: str,
+    node: Node,
+    args: list[str],
+    env: dict[str, str],
+    message: str,
+    actor: Actor,
+    acknowledged: bool,
+    new_profile: bool = False,
+    pasted_config: str = "",
+    request: HttpRequest | None = None,
+) -> tuple[ProfileRevision, BudgetReport]:
+    """Check a revision and save it (form, API and CLI): the name, the input
+    (``input_problem``), the profile's team (``actor`` must see it), then the budget on
+    ``node``; a ``warn`` verdict is saved only when ``acknowledged``. ``new_profile`` refuses a
+    name that exists. Returns the revision and its budget; raises ``ProfileRefused``."""
+    if problem := rules.check_node_name(profile_name):
+        raise ProfileRefused("input", f"profile name: {problem}")
+    existing = LaunchProfile.objects.filter(name=profile_name).first()
+    if existing is not None and existing.adhoc:
+        raise ProfileRefused("input", f"{profile_name} is an ad-hoc profile of a launch")
+    if existing is not None and new_profile:
+        raise ProfileRefused("exists", f"a profile named {profile_name} exists")
+    if existing is not None and not visible_profiles(actor).filter(pk=existing.pk).exists():
+        raise ProfileRefused("missing", f"no profile named {profile_name!r}")  # another team's
+    if problem := input_problem(node, args, env):
+        raise ProfileRefused("input", problem)
+    flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
+    model = model_facts(node, str(flags.get("model_path", default="") or ""), pasted_config)
+    report = evaluate(list(args), node, model, env=env)
+    if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
+        why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
+        raise ProfileRefused(report.verdict, f"{report.verdict}: {why}", report)
+    revision = save_revision(
+        profile_name=profile_name,
+        args=list(args),
+        env=dict(env),
+        message=message,
+        node=node,
+        report=report,
+        model=model,
+        actor=actor,
+        request=request,
+    )
+    return revision, report
