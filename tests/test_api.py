@@ -202,7 +202,9 @@ def test_launch_through_the_api_then_read_it_and_its_log(client, node, profile):
         {"node": "gpu-01", "profile": "kimi", "command": "python3 -m sglang.launch_server"},
     )  # fmt: skip
     assert both.status_code == 400
-    assert client.get("/api/launches?status=pending", **headers).json()[0]["id"] == launch.pk
+    assert (
+        client.get("/api/launches?status=pending", **headers).json()["items"][0]["id"] == launch.pk
+    )
     assert client.get("/api/launches?status=nonsense", **headers).status_code == 422
 
 

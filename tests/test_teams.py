@@ -73,7 +73,7 @@ def test_a_team_only_profile_is_hidden_from_others_on_pages_and_the_api(client):
     assert "shared" in page and "secret" not in page
     assert client.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 404
     token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(outsider, 't')}"}
-    assert [p["name"] for p in client.get("/api/profiles", **token).json()] == ["shared"]
+    assert [p["name"] for p in client.get("/api/profiles", **token).json()["items"]] == ["shared"]
     assert client.get("/api/profiles/secret", **token).status_code == 404
     exported = client.get("/api/profiles/export", **token).json()
     assert [p["name"] for p in exported["profiles"]] == ["shared"]
