@@ -1,0 +1,183 @@
+"""A team-only profile's launches exist only for its team (and admins): everyone else gets 404
+on every page, stream, download and API answer about them, finds them in no list, audit entry
+or node page (which says only that GPUs are taken by "a team-only launch"), and cannot write a
+revision into the profile by any door."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import AsyncClient, Client
+from django.urls import reverse
+
+from nodes.audit import record
+from nodes.models import (
+    AuditEntry,
+    Cleanup,
+    Launch,
+    LaunchProfile,
+    NodeEvent,
+    ProfileRevision,
+    Reservation,
+    Team,
+)
+from nodes.services import profiles, tokens
+from tests.factories import make_node, make_user
+from tests.test_views_diagnosis import INCIDENT, failed, pools
+from tests.test_views_launches import _read_stream, in_fresh_loop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+GB = 10**9
+
+
+@pytest.fixture
+def world() -> dict[str, Any]:
+    """The issue's sequence: op1 (team alpha) makes ``alpha-secret`` team-only on its page and
+    its launch fails, keeping GPUs 0 and 1; op2 is in team beta; a viewer is in no team."""
+    alpha, beta = Team.objects.create(name="alpha"), Team.objects.create(name="beta")
+    op1, op2 = make_user("op1", "operator"), make_user("op2", "operator")
+    alpha.members.add(op1)
+    beta.members.add(op2)
+    node = make_node("gpu-01", sglang_version="0.5.9", mem_available_bytes=440 * GB)
+    profile = LaunchProfile.objects.create(name="alpha-secret", created_by="op1")
+    owner = Client()
+    owner.force_login(op1)
+    owner.post(
+        reverse("nodes:profile-ownership", args=[profile.pk]),
+        {"team": alpha.pk, "visibility": "team"},
+    )
+    launch = failed(node, [*INCIDENT, "--hicache-size", "300"], pools(300), name="alpha-secret")
+    assert launch.diagnosis_category == "host-oom-hicache"
+    record("launch.create", actor=op1, obj=launch, after=launch.summary())
+    for gpu in (0, 1):
+        Reservation.objects.create(node=node, kind="gpu", number=gpu, launch=launch)
+    job = Cleanup.objects.create(
+        node=node, launch=launch, gpus=[2], requested_by="op1", status=Cleanup.Status.DONE
+    )
+    record(
+        "node.cleanup", actor=None, actor_name="op1", obj=node,
+        after={"cleanup": job.pk, "launch": launch.pk, "gpus": [2]},
+    )  # fmt: skip
+    NodeEvent.objects.create(
+        node=node, kind="reservation", message=f"GPU 2 released from ended launch #{launch.pk}"
+    )
+    return {
+        "op1": op1,
+        "op2": op2,
+        "viewer": make_user("vic", "viewer"),
+        "admin": make_user("ada", "admin"),
+        "node": node,
+        "launch": launch,
+        "cleanup": job,
+    }
+
+
+def _client(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _bearer(user: Any) -> dict[str, str]:
+    return {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(user, 'test')}"}
+
+
+def _stream_status(user: Any, launch: Launch) -> int:
+    async def fetch() -> int:
+        client = AsyncClient()
+        await client.aforce_login(user)
+        response = await client.get(reverse("nodes:launch-events", args=[launch.pk]))
+        if response.status_code == 200:
+            await _read_stream(response)
+        return int(response.status_code)
+
+    return int(in_fresh_loop(fetch()))
+
+
+@pytest.mark.parametrize("who", ["op2", "viewer"])
+def test_outsiders_get_404_for_a_team_only_launch_and_find_it_nowhere(world, who):
+    launch, node = world["launch"], world["node"]
+    client, token = _client(world[who]), _bearer(world[who])
+    for name in ("launch-detail", "launch-lines", "launch-log", "launch-bundle"):
+        url = reverse(f"nodes:{name}", args=[launch.pk])
+        assert client.get(url).status_code == 404, name
+    state = client.get(
+        reverse("nodes:launch-detail", args=[launch.pk]), {"part": "state"}, HTTP_HX_REQUEST="true"
+    )
+    assert state.status_code == 404
+    assert _stream_status(world[who], launch) == 404
+    assert (
+        client.get(reverse("nodes:cleanup-detail", args=[world["cleanup"].pk])).status_code == 404
+    )
+    url = f"/launches/{launch.pk}/"
+    listed = client.get(reverse("nodes:launch-list")).content.decode()
+    assert url not in listed and "alpha-secret" not in listed and "host-oom-hicache" not in listed
+    page = client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
+    assert url not in page and "alpha-secret" not in page
+    assert f"launch #{launch.pk}" not in page and "op1" not in page
+    assert "GPU 0,1: taken by a team-only launch" in page
+    assert "GPU 2 released from ended a team-only launch" in page
+    audit = client.get(reverse("nodes:audit-list")).content.decode()
+    assert "alpha-secret" not in audit and f"launch #{launch.pk}" not in audit
+    assert f'"launch": {launch.pk}' not in audit
+    # The API: not listed, and 404 wherever it is named.
+    items = client.get("/api/launches", **token).json()["items"]
+    assert launch.pk not in [i["id"] for i in items]
+    for path in (f"/api/launches/{launch.pk}", f"/api/launches/{launch.pk}/log"):
+        assert client.get(path, **token).status_code == 404, path
+    assert client.get(f"/api/cleanups/{world['cleanup'].pk}", **token).status_code == 404
+    if who == "op2":
+        stop = client.post(f"/api/launches/{launch.pk}/stop", **token)
+        assert stop.status_code == 404
+        assert client.post(reverse("nodes:launch-stop", args=[launch.pk])).status_code == 404
+        cleanup = client.get(reverse("nodes:node-cleanup", args=[node.pk]), {"launch": launch.pk})
+        assert cleanup.status_code == 404
+        assert not AuditEntry.objects.filter(action="launch.stop").exists()
+
+
+@pytest.mark.parametrize("who", ["op1", "admin"])
+def test_the_team_and_admins_still_see_the_launch_everywhere(world, who):
+    launch, node = world["launch"], world["node"]
+    client, token = _client(world[who]), _bearer(world[who])
+    assert client.get(reverse("nodes:launch-detail", args=[launch.pk])).status_code == 200
+    assert client.get(reverse("nodes:launch-log", args=[launch.pk])).status_code == 200
+    assert _stream_status(world[who], launch) == 200
+    assert f"/launches/{launch.pk}/" in client.get(reverse("nodes:launch-list")).content.decode()
+    page = client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
+    assert f"/launches/{launch.pk}/" in page and "taken by a team-only launch" not in page
+    assert "alpha-secret" in client.get(reverse("nodes:audit-list")).content.decode()
+    assert client.get(f"/api/launches/{launch.pk}/log", **token).status_code == 200
+    items = client.get("/api/launches", **token).json()["items"]
+    assert [i["id"] for i in items] == [launch.pk]
+
+
+def test_an_outsider_cannot_write_a_revision_into_a_team_only_profile(world):
+    launch, op2 = world["launch"], world["op2"]
+    revisions = ProfileRevision.objects.count()
+    # The issue's sequence: op2 applies the failed launch's fix (a 302 and alpha-secret@2 before).
+    response = _client(op2).post(reverse("nodes:launch-apply-fix", args=[launch.pk]))
+    assert response.status_code == 404
+    # The API's save and the service every door goes through refuse it the same way.
+    saved = _client(op2).post(
+        "/api/profiles/alpha-secret/revisions",
+        {"node": "gpu-01", "args": [*INCIDENT, "--hicache-size", "37"]},
+        content_type="application/json", **_bearer(op2),
+    )  # fmt: skip
+    assert saved.status_code == 404
+    report = profiles.evaluate([*INCIDENT, "--hicache-size", "37"], world["node"], _no_model())
+    with pytest.raises(profiles.ProfileHidden):
+        profiles.save_revision(
+            profile_name="alpha-secret", args=[*INCIDENT, "--hicache-size", "37"], env={},
+            message="", node=world["node"], report=report, model=_no_model(), actor=op2,
+        )  # fmt: skip
+    assert ProfileRevision.objects.count() == revisions
+    assert not AuditEntry.objects.filter(action="profile.revision", actor=op2).exists()
+    # Its own team still can.
+    fixed = _client(world["op1"]).post(reverse("nodes:launch-apply-fix", args=[launch.pk]))
+    assert fixed.status_code == 302
+    assert ProfileRevision.objects.get(profile__name="alpha-secret", number=2).author == "op1"
+
+
+def _no_model() -> profiles.ModelFacts:
+    return profiles.ModelFacts(None, None, "not read")
