@@ -181,3 +181,20 @@ def test_an_outsider_cannot_write_a_revision_into_a_team_only_profile(world):
 
 def _no_model() -> profiles.ModelFacts:
     return profiles.ModelFacts(None, None, "not read")
+
+
+def test_a_launch_refused_for_gpus_a_team_only_launch_holds_does_not_name_it(world):
+    node, hidden = world["node"], world["launch"]
+    node.host_key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"
+    node.save()
+    open_profile = LaunchProfile.objects.create(name="beta-open", created_by="op2")
+    revision = ProfileRevision.objects.create(
+        profile=open_profile, number=1, args=["--model-path", "/m", "--tp-size", "2"], env={},
+        author="op2", node=node, verdict="ok", report={"lines": [], "messages": []},
+    )  # fmt: skip
+    _client(world["op2"]).post(
+        reverse("nodes:launch-create"), {"revision": revision.pk, "node": node.pk, "gpus": "0,1"}
+    )
+    refused = Launch.objects.get(revision=revision)
+    assert "GPU 0 by a team-only launch" in refused.reason
+    assert f"#{hidden.pk}" not in refused.reason and "alpha-secret" not in refused.reason

@@ -90,6 +90,15 @@ def hidden_launches(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Launch]:
     return Launch.objects.none() if condition is None else Launch.objects.exclude(condition)
 
 
+def team_only_launches() -> QuerySet[Launch]:
+    """Launches of team-only profiles: text anyone may read (another launch's pre-flight)
+    does not name them."""
+    return Launch.objects.filter(
+        revision__profile__visibility=LaunchProfile.Visibility.TEAM,
+        revision__profile__team__isnull=False,
+    )
+
+
 def visible_cleanups(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Cleanup]:
     """Cleanups ``user`` may see: those about no launch, or about a launch they may see."""
     return Cleanup.objects.exclude(launch__in=hidden_launches(user))
