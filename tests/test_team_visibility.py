@@ -127,6 +127,14 @@ def test_outsiders_get_404_for_a_team_only_launch_and_find_it_nowhere(world, who
     for path in (f"/api/launches/{launch.pk}", f"/api/launches/{launch.pk}/log"):
         assert client.get(path, **token).status_code == 404, path
     assert client.get(f"/api/cleanups/{world['cleanup'].pk}", **token).status_code == 404
+    # A node-wide cleanup found the launch's process holding GPU 0: it says only whose it is.
+    held = {"pid": 4242, "command": "python3 -m sglang.launch_server", "launch_id": launch.pk}
+    wide = Cleanup.objects.create(
+        node=node, gpus=[0], requested_by="op1", status=Cleanup.Status.DONE,
+        result={"gpus": [{"index": 0, "state": "held", "holders": [held]}], "host": {}},
+    )  # fmt: skip
+    holders = client.get(f"/api/cleanups/{wide.pk}", **token).json()["gpus"][0]["holders"]
+    assert holders == [{"pid": 4242, "command": "", "launch_id": None, "team_only": True}]
     if who == "op2":
         stop = client.post(f"/api/launches/{launch.pk}/stop", **token)
         assert stop.status_code == 404

@@ -146,13 +146,28 @@ def mask_holders(user: AbstractBaseUser | AnonymousUser, holders: Iterable[Holde
     """Make each GPU holder of a launch hidden from ``user`` say only that it is a team-only
     launch's: its launch id and command are dropped (in place)."""
     found = [h for h in holders if h.launch_id is not None]
-    if not found:
-        return
-    ids = {h.launch_id for h in found}
-    hidden = set(hidden_launches(user).filter(pk__in=ids).values_list("pk", flat=True))
+    hidden = _hidden_among(user, {h.launch_id for h in found if h.launch_id is not None})
     for holder in found:
         if holder.launch_id in hidden:
             holder.launch_id, holder.command, holder.team_only = None, "", True
+
+
+def mask_holder_json(user: AbstractBaseUser | AnonymousUser, gpus: list[dict[str, Any]]) -> None:
+    """``mask_holders`` for GPU states as stored (a cleanup's result: ``[{"holders": [{"pid",
+    "command", "launch_id", …}]}]``), in place."""
+    found = [h for g in gpus for h in g.get("holders") or [] if isinstance(h, dict)]
+    hidden = _hidden_among(
+        user, {h["launch_id"] for h in found if isinstance(h.get("launch_id"), int)}
+    )
+    for holder in found:
+        if holder.get("launch_id") in hidden:
+            holder.update(launch_id=None, command="", team_only=True)
+
+
+def _hidden_among(user: AbstractBaseUser | AnonymousUser, ids: set[int]) -> set[int]:
+    if not ids:
+        return set()
+    return set(hidden_launches(user).filter(pk__in=ids).values_list("pk", flat=True))
 
 
 _LAUNCH_ID = re.compile(r"launch #([0-9]{1,12})")
