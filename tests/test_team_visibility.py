@@ -206,3 +206,24 @@ def test_a_launch_refused_for_gpus_a_team_only_launch_holds_does_not_name_it(wor
     refused = Launch.objects.get(revision=revision)
     assert "GPU 0 by a team-only launch" in refused.reason
     assert f"#{hidden.pk}" not in refused.reason and "alpha-secret" not in refused.reason
+
+
+def test_gpu_holders_of_a_team_only_launch_say_only_that(world):
+    from nodes.domain.gpu_holders import Holder
+    from nodes.services import teams
+
+    def read_by(user: Any) -> list[dict[str, Any]]:
+        found = [
+            Holder(41, command="sglang::scheduler_TP0 --api-key x", launch_id=world["launch"].pk),
+            Holder(77, command="python train.py"),
+        ]
+        teams.mask_holders(user, found)
+        return [h.to_json() for h in found]
+
+    outsider = read_by(world["op2"])
+    assert outsider[0] == {
+        "pid": 41, "ppid": None, "state": "?", "command": "", "launch_id": None, "team_only": True,
+    }  # fmt: skip
+    assert outsider[1]["command"] == "python train.py"
+    member = read_by(world["op1"])
+    assert member[0]["launch_id"] == world["launch"].pk and not member[0]["team_only"]
