@@ -37,13 +37,11 @@ def world() -> dict[str, Any]:
     its launch fails, keeping GPUs 0 and 1; op2 is in team beta; a viewer is in no team."""
     alpha, beta = Team.objects.create(name="alpha"), Team.objects.create(name="beta")
     op1, op2 = make_user("op1", "operator"), make_user("op2", "operator")
-    alpha.members.add(op1)
-    beta.members.add(op2)
+    alpha.members.add(op1.pk)
+    beta.members.add(op2.pk)
     node = make_node("gpu-01", sglang_version="0.5.9", mem_available_bytes=440 * GB)
     profile = LaunchProfile.objects.create(name="alpha-secret", created_by="op1")
-    owner = Client()
-    owner.force_login(op1)
-    owner.post(
+    _client(op1).post(
         reverse("nodes:profile-ownership", args=[profile.pk]),
         {"team": alpha.pk, "visibility": "team"},
     )
@@ -79,7 +77,7 @@ def _client(user: Any) -> Client:
     return client
 
 
-def _bearer(user: Any) -> dict[str, str]:
+def _bearer(user: Any) -> dict[str, Any]:
     return {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(user, 'test')}"}
 
 

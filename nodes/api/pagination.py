@@ -43,7 +43,8 @@ def paged(view: Callable[..., Any]) -> Callable[..., Any]:
     Ninja reads a wrapped view's annotations in its own module, so they are resolved here,
     where the view was written, first."""
     view.__annotations__ = get_type_hints(view, include_extras=True)
-    return paginate(Page)(view)
+    wrapped: Callable[..., Any] = paginate(Page)(view)
+    return wrapped
 
 
 class Rows(Generic[M]):
