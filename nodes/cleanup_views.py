@@ -25,9 +25,10 @@ from nodes.views import HtmxHttpRequest, _redirect
 
 
 @require_GET
-@login_required
-def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """The node's "GPU holders" panel: read live over SSH, changes nothing."""
+@role_required(Role.OPERATOR)
+def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """The node's "GPU holders" panel: read live over SSH, changes nothing. Operators only:
+    nothing runs on a node for a viewer (and every process's command line shows here)."""
     node = get_object_or_404(Node, pk=pk)
     context: dict[str, Any] = {"node": node}
     try:

@@ -12,7 +12,7 @@ from django.urls import reverse
 
 from nodes.services import discovery, tokens
 from tests.conftest import register_sim_node
-from tests.factories import make_user
+from tests.factories import make_node, make_user
 from tests.test_views_profiles import form_data
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -55,3 +55,13 @@ def test_a_viewer_probes_nothing_and_an_operator_reads_plain_words(sim_fleet):
         body = _check(operator, node, path)
         assert words in body, (path, body[-3000:])
         assert not any(word in body for word in NODE_WORDS), path
+
+
+def test_nothing_runs_on_a_node_for_a_viewer_not_even_the_gpu_holders(viewer_client, viewer):
+    node = make_node("gpu-01", host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake")
+    assert viewer_client.get(reverse("nodes:node-gpus", args=[node.pk])).status_code == 403
+    page = viewer_client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
+    assert 'id="gpu-holders"' not in page
+    token = tokens.create(viewer, "t")
+    api = Client().get("/api/nodes/gpu-01/gpus", HTTP_AUTHORIZATION=f"Bearer {token}")
+    assert api.status_code == 403

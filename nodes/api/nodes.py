@@ -82,11 +82,15 @@ def discover(request: HttpRequest, name: str) -> Any:
     return Status(202, {"detail": f"discovery of {node.name} queued", "id": task.id})
 
 
-@router.get("/{name}/gpus", response={200: dict[str, Any], 409: Error, **READ_ERRORS})
+@router.get(
+    "/{name}/gpus", response={200: dict[str, Any], 409: Error, **ERRORS}, auth=OperatorAuth()
+)
 def gpu_holders(request: HttpRequest, name: str) -> Any:
     """The node's GPUs now: state (free/held/quarantined), memory, holders, host memory.
     A holder of another team's team-only launch shows ``team_only`` and neither its launch nor
-    its command. 409 when the node cannot be read (unreachable, host key not trusted)."""
+    its command. 409 when the node cannot be read (unreachable, host key not trusted). It runs
+    on the node, so it needs an operator's token (403 for a viewer's)."""
+    require(request, Role.OPERATOR)
     node = named(name)
     try:
         inspection = cleanup.inspect(node)
