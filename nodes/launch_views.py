@@ -24,6 +24,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -46,7 +47,7 @@ from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevis
 from nodes.roles import has_role, role_required
 from nodes.services import bundle_uploads, bundles, diagnoses, launches
 from nodes.services.follower import channel
-from nodes.services.teams import visible_profiles
+from nodes.services.teams import visible_launches, visible_profiles
 from nodes.tasks import diagnose_upload, stop_launch
 from nodes.views import HtmxHttpRequest, _redirect
 
@@ -57,7 +58,8 @@ BATCH = 1000
 @require_GET
 @login_required
 def launch_list(request: HtmxHttpRequest) -> HttpResponse:
-    rows = Launch.objects.select_related("node", "revision__profile")
+    seen = visible_launches(request.user)
+    rows = seen.select_related("node", "revision__profile")
     status = request.GET.get("status", "")
     node = _filter_value(request.GET.get("node", ""))
     category = request.GET.get("category", "")
@@ -74,7 +76,7 @@ def launch_list(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "statuses": LaunchStatus.choices,
         "nodes": Node.objects.values_list("name", flat=True),
-        "categories": Launch.objects.exclude(diagnosis_category="")
+        "categories": seen.exclude(diagnosis_category="")
         .order_by("diagnosis_category")
         .values_list("diagnosis_category", flat=True)
         .distinct(),
@@ -84,6 +86,11 @@ def launch_list(request: HtmxHttpRequest) -> HttpResponse:
         "query": urlencode({k: v for k, v in request.GET.items() if k != "page"}),
     }
     return render(request, "nodes/launch_list.html", context)
+
+
+def _seen(request: HttpRequest) -> QuerySet[Launch]:
+    """The launches the caller may see: another team's own are 404 on every launch URL."""
+    return visible_launches(request.user)
 
 
 def _filter_value(text: str) -> str:
@@ -202,7 +209,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
 @require_GET
 @login_required
 def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     if request.htmx and request.GET.get("part") == "state":
         return render(request, "nodes/launch_detail.html#state", _state_context(launch))
     lines = list(launch.lines.order_by("-seq").values_list("seq", "text")[:LINES_SHOWN])[::-1]
@@ -231,7 +238,7 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @role_required(Role.OPERATOR)
 def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
-    launch = get_object_or_404(Launch, pk=pk)
+    launch = get_object_or_404(_seen(request), pk=pk)
     if launch.status in LAUNCH_ENDED:
         messages.info(request, f"Launch #{launch.pk} already ended ({launch.status}).")
     else:
@@ -248,7 +255,7 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 @login_required
 def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
     """Stored lines after ``?after=SEQ`` (polling fallback of the live stream)."""
-    launch = get_object_or_404(Launch, pk=pk)
+    launch = get_object_or_404(_seen(request), pk=pk)
     after = _seq(request.GET.get("after"))
     rows = list(launch.lines.filter(seq__gt=after).values_list("seq", "text")[:BATCH])
     return JsonResponse(
@@ -265,7 +272,7 @@ def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
 @login_required
 def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     """The whole log as text: the archive when lines were dropped from the database."""
-    launch = get_object_or_404(Launch, pk=pk)
+    launch = get_object_or_404(_seen(request), pk=pk)
     name = f"launch-{launch.pk}.log"
     if launch.log_archive:
         response: HttpResponseBase = StreamingHttpResponse(
@@ -291,7 +298,7 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
 @login_required
 def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
     """The launch as a ``rankwise-case/1`` bundle (log and facts, secrets masked)."""
-    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     response = HttpResponse(bundles.launch_bundle(launch), content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="launch-{launch.pk}.tar.gz"'
     return response
@@ -301,8 +308,9 @@ def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
 @role_required(Role.OPERATOR)
 def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     """Save the diagnosis's suggested change as the profile's next revision, re-validated on
-    the launch's node, then open the launch form with it."""
-    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    the launch's node, then open the launch form with it. Another team's launch is 404: its
+    profile is not theirs to write to."""
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     try:
         revision, created = diagnoses.apply_fix(launch, actor=request.user, request=request)
     except diagnoses.FixError as exc:
@@ -383,7 +391,8 @@ async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     user = await request.auser()
     if not user.is_authenticated or not await sync_to_async(has_role)(user, Role.VIEWER):
         return HttpResponse("Log in to follow this launch.", status=403)
-    if not await Launch.objects.filter(pk=pk).aexists():
+    seen = await sync_to_async(visible_launches)(user)
+    if not await seen.filter(pk=pk).aexists():
         return HttpResponse("No such launch.", status=404)
     after = _seq(request.headers.get("Last-Event-ID") or request.GET.get("after"))
     response = StreamingHttpResponse(_events(pk, after), content_type="text/event-stream")

@@ -146,10 +146,12 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
-def _checked(form: ProfileForm) -> dict[str, Any]:
-    """The budget panel's context for a bound, valid form."""
+def _checked(form: ProfileForm, *, read_node: bool = True) -> dict[str, Any]:
+    """The budget panel's context for a bound, valid form; with ``read_node`` false nothing
+    runs on the node (the model is read from a pasted config.json only)."""
     node = form.cleaned_data["node"]
-    model = model_facts(node, form.cleaned_data["model_path"], form.cleaned_data["model_config"])
+    data = form.cleaned_data
+    model = model_facts(node, data["model_path"], data["model_config"], read_node=read_node)
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
@@ -162,11 +164,12 @@ def _checked(form: ProfileForm) -> dict[str, Any]:
 @require_POST
 @login_required
 def profile_check(request: HtmxHttpRequest) -> HttpResponse:
-    """The live budget panel for what the form holds now; it never touches the inputs."""
+    """The live budget panel for what the form holds now; it never touches the inputs. Only
+    an operator's check reads the model on the node: a viewer gets the budget without it."""
     form = ProfileForm(request.POST)
     context: dict[str, Any] = {"form": form}
     if form.is_valid():
-        context.update(_checked(form))
+        context.update(_checked(form, read_node=has_role(request.user, Role.OPERATOR)))
     return render(request, "nodes/profile_form.html#budget-panel", context)
 
 

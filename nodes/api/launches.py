@@ -13,10 +13,12 @@ from redis.exceptions import RedisError
 
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
+from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.models import Launch
 from nodes.services import diagnoses, launches
+from nodes.services.teams import visible_launches
 from nodes.tasks import stop_launch
 
 router = Router(tags=["launches"])
@@ -37,13 +39,15 @@ def launch_json(launch: Launch) -> dict[str, Any]:
 
 
 @router.get("", response={200: list[LaunchOut], **READ_ERRORS})
+@paged
 def list_launches(request: HttpRequest, filters: Query[LaunchFilter]) -> Any:
-    rows = Launch.objects.select_related("node", "revision__profile")
+    """Launches, newest first, one page at a time."""
+    rows = visible_launches(request.user).select_related("node", "revision__profile")
     if filters.status:
         rows = rows.filter(status=filters.status)
     if filters.node:
         rows = rows.filter(node=named(filters.node))
-    return [launch_json(launch) for launch in rows[:200]]
+    return Rows(rows, launch_json)
 
 
 @router.post("", response={202: LaunchOut, **ERRORS}, auth=OperatorAuth())
@@ -74,13 +78,13 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
 
 @router.get("/{launch_id}", response={200: LaunchOut, **READ_ERRORS})
 def get_launch(request: HttpRequest, launch_id: int) -> Any:
-    return launch_json(get_object_or_404(Launch, pk=launch_id))
+    return launch_json(get_object_or_404(visible_launches(request.user), pk=launch_id))
 
 
 @router.get("/{launch_id}/log", response={200: LogOut, **READ_ERRORS})
 def launch_log(request: HttpRequest, launch_id: int, after: int = 0) -> Any:
     """Stored log lines after sequence number ``after`` (at most 1,000 per call)."""
-    launch = get_object_or_404(Launch, pk=launch_id)
+    launch = get_object_or_404(visible_launches(request.user), pk=launch_id)
     rows = launch.lines.filter(seq__gt=max(after, 0)).values_list("seq", "text")[:LOG_BATCH]
     return {
         "lines": list(rows),
@@ -96,7 +100,7 @@ def launch_log(request: HttpRequest, launch_id: int, after: int = 0) -> Any:
 )
 def stop(request: HttpRequest, launch_id: int) -> Any:
     require(request, Role.OPERATOR)
-    launch = get_object_or_404(Launch, pk=launch_id)
+    launch = get_object_or_404(visible_launches(request.user), pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         return Status(202, {"detail": f"launch #{launch.pk} already ended ({launch.status})"})
     try:

@@ -11,12 +11,14 @@ from ninja.errors import HttpError
 
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
+from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
 from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain.budget import BudgetReport
 from nodes.models import LaunchProfile, Node
-from nodes.services import exchange, profiles
+from nodes.roles import has_role
+from nodes.services import exchange, profiles, teams
 from nodes.services.teams import visible_profiles
 
 router = Router(tags=["profiles"])
@@ -29,8 +31,10 @@ def profile_json(p: LaunchProfile) -> dict[str, Any]:
 
 
 @router.get("", response={200: list[ProfileOut], **READ_ERRORS})
+@paged
 def list_profiles(request: HttpRequest) -> Any:
-    return [profile_json(p) for p in visible_profiles(request.user).filter(adhoc=False)]
+    """Profiles you may see, by name, one page at a time."""
+    return Rows(visible_profiles(request.user).filter(adhoc=False), profile_json)
 
 
 @router.get("/export", response={200: dict[str, Any], **READ_ERRORS})
@@ -46,12 +50,11 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
     """An export brought in: every revision validated first; existing equal revisions are
     skipped, different ones reported as conflicts and left alone."""
     require(request, Role.OPERATOR)
-    mine = visible_profiles(request.user)
     try:
         report = exchange.import_(
             doc,
             author=request.user.get_username(),
-            writable=lambda p: mine.filter(pk=p.pk).exists(),
+            writable=lambda p: teams.may_write(request.user, p),
         )
     except exchange.ImportRefused as exc:
         raise HttpError(400, str(exc)) from None
@@ -61,8 +64,10 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
 
 @router.post("/validate", response={200: BudgetOut, **ERRORS})
 def validate(request: HttpRequest, body: ValidateIn) -> Any:
-    """The memory budget of ``args`` on ``node``, with its arithmetic; nothing is saved."""
-    return _budget(_check(named(body.node), body.args, body.env))
+    """The memory budget of ``args`` on ``node``, with its arithmetic; nothing is saved. The
+    model is read on the node for an operator's token only (a viewer's budget goes without)."""
+    operator = has_role(request.user, Role.OPERATOR)
+    return _budget(_check(named(body.node), body.args, body.env, read_node=operator))
 
 
 @router.get("/{name}", response={200: ProfileOut, **READ_ERRORS})
@@ -72,10 +77,13 @@ def get_profile(request: HttpRequest, name: str) -> Any:
     return profile_json(get_object_or_404(visible_profiles(request.user), name=name, adhoc=False))
 
 
-def _check(node: Node, args: list[str], env: dict[str, str]) -> BudgetReport:
+def _check(
+    node: Node, args: list[str], env: dict[str, str], *, read_node: bool = True
+) -> BudgetReport:
     if problem := profiles.input_problem(node, args, env):
         raise HttpError(400, problem)
-    return profiles.evaluate(args, node, profiles.model_of(node, args), env=env)
+    model = profiles.model_of(node, args, read_node=read_node)
+    return profiles.evaluate(args, node, model, env=env)
 
 
 def _budget(report: BudgetReport) -> dict[str, Any]:

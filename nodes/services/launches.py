@@ -295,9 +295,14 @@ def _reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
         held = Reservation.objects.filter(node=launch.node).filter(
             Q(kind="gpu", number__in=gpus) | Q(kind="port", number__in=ports)
         )
+        # Stored on a launch anyone may see: a team-only launch is not named.
+        hidden = set(
+            held.filter(launch__in=teams.team_only_launches()).values_list("pk", flat=True)
+        )
         what = "; ".join(
-            f"{'GPU' if r.kind == 'gpu' else 'port'} {r.number} by launch #{r.launch_id}"
-            for r in held.select_related("launch")
+            f"{'GPU' if r.kind == 'gpu' else 'port'} {r.number} by "
+            + ("a team-only launch" if r.pk in hidden else f"launch #{r.launch_id}")
+            for r in held
         )
         return plan.Check("reservation", False, f"already held: {what or 'by another launch'}")
     return plan.Check(

@@ -25,22 +25,54 @@ from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node, ProfileRevision
+from nodes.services import teams
 from nodes.services.credentials import target_for
 from nodes.services.teams import visible_profiles
 
 Actor = AbstractBaseUser | AnonymousUser
 DEFAULT_VERSION = "0.5.9"
 GEOMETRY_TTL_S = 600
-# Reads config.json and sums the checkpoint files on the node; prints one JSON line.
+# Reads config.json and sums the checkpoint files on the node; prints one JSON line: the facts,
+# or {"problem": …} in a word the panel turns into a sentence (no traceback leaves the node).
 MODEL_PROBE = b"""
 import json, os, sys
 path = sys.argv[1]
-with open(os.path.join(path, "config.json")) as handle:
-    config = json.load(handle)
-weights = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
-              if n.endswith((".safetensors", ".bin", ".pt")))
-print(json.dumps({"config": config, "weights_bytes": weights}))
+def answer(doc):
+    print(json.dumps(doc))
+    sys.exit(0)
+if not os.path.isdir(path):
+    answer({"problem": "no-folder"})
+try:
+    with open(os.path.join(path, "config.json"), "rb") as handle:
+        config = json.loads(handle.read(4 * 1024 * 1024).decode("utf-8"))
+    weights = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
+                  if n.endswith((".safetensors", ".bin", ".pt")))
+except FileNotFoundError:
+    answer({"problem": "no-config"})
+except PermissionError:
+    answer({"problem": "denied"})
+except (ValueError, UnicodeDecodeError, RecursionError):
+    answer({"problem": "bad-config"})
+except OSError:
+    answer({"problem": "unreadable"})
+if not isinstance(config, dict):
+    answer({"problem": "bad-config"})
+answer({"config": config, "weights_bytes": weights})
 """
+#: What each probe problem means, said of ``{path}`` on ``{node}``.
+PROBE_PROBLEMS = {
+    "no-folder": "no model folder at {path} on {node}",
+    "no-config": "no config.json in {path} on {node}",
+    "denied": "{path} on {node} may not be read (permission denied)",
+    "bad-config": "{path}/config.json on {node} is not a JSON object",
+    "unreadable": "{path} on {node} could not be read",
+}
+#: Why a viewer's check shows no model geometry: reading on a node needs the operator role.
+NOT_READ_FOR_VIEWERS = "not read (reading the model on the node needs the operator role)"
+
+
+class ProfileHidden(LookupError):
+    """The profile is another team's own: to this caller it does not exist (answer 404)."""
 
 
 #: A variable name a shell can set (ASCII: what ``export`` accepts), as the pasted command's.
@@ -82,8 +114,12 @@ def node_memory(node: Node) -> NodeMemory:
     )
 
 
-def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFacts:
-    """The geometry from a pasted config.json, else read on the node over SSH (cached 10 min)."""
+def model_facts(
+    node: Node, model_path: str, pasted_config: str = "", *, read_node: bool = True
+) -> ModelFacts:
+    """The geometry from a pasted config.json, else read on the node over SSH (cached 10 min)
+    unless ``read_node`` is false (a viewer's check: nothing runs on the node for them). A
+    problem is said in ``source`` in plain words ("no model folder at /x on gpu-01")."""
     if pasted_config.strip():
         try:
             return ModelFacts(from_config(json.loads(pasted_config)), None, "pasted config.json")
@@ -93,6 +129,8 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
             return ModelFacts(None, None, f"the pasted config.json is unusable: {str(exc)[:200]}")
     if not model_path or not node.host_key:
         return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
+    if not read_node:
+        return ModelFacts(None, None, NOT_READ_FOR_VIEWERS)
     key = "model:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()
     cached = cache.get(key)
     if cached is None:
@@ -107,22 +145,30 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
     return ModelFacts(geometry, cached["weights_bytes"], f"read from {node.name}:{model_path}")
 
 
-def model_of(node: Node, args: list[str]) -> ModelFacts:
-    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``."""
+def model_of(node: Node, args: list[str], *, read_node: bool = True) -> ModelFacts:
+    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``
+    unless ``read_node`` is false (see ``model_facts``)."""
     flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
-    return model_facts(node, str(flags.get("model_path", default="") or ""))
+    return model_facts(node, str(flags.get("model_path", default="") or ""), read_node=read_node)
 
 
 def _read_model(node: Node, model_path: str) -> dict[str, object]:
     try:
         with ssh.pool.session(target_for(node)) as client:
             result = ssh.run(client, ["python3", "-", model_path], stdin=MODEL_PROBE, timeout=20)
-        doc: dict[str, object] = json.loads(result.stdout)
-        return doc
+        doc: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
     except ssh.RemoteError as exc:
+        if exc.kind == "command_failed":
+            # What the interpreter printed is for the node's admin, not the page.
+            why = f"the model probe failed (exit status {exc.exit_status})"
+            return {"error": f"not read from {node.name}: {why}"}
         return {"error": f"not read from {node.name}: {exc.message}"}
-    except ValueError:
+    except (ValueError, IndexError):
         return {"error": f"not read from {node.name}: unexpected output"}
+    if "config" in doc:
+        return doc
+    words = PROBE_PROBLEMS.get(str(doc.get("problem")), PROBE_PROBLEMS["unreadable"])
+    return {"error": words.format(path=model_path, node=node.name)}
 
 
 def evaluate(
@@ -161,15 +207,19 @@ def save_revision(
 ) -> ProfileRevision:
     """Create the profile if new, then its next revision; audit ``profile.revision``.
 
-    Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved.
+    Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved. Raises
+    ``ProfileHidden`` (saving nothing) when the profile exists and ``actor`` may not write to
+    it (another team's own profile).
     """
     if report.verdict == "block":
         raise ValueError("a blocked profile cannot be saved")
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
-        profile, _ = LaunchProfile.objects.get_or_create(
+        profile, made = LaunchProfile.objects.get_or_create(
             name=profile_name, defaults={"created_by": author}
         )
+        if not made and not teams.may_write(actor, profile):
+            raise ProfileHidden(f"no profile named {profile_name!r}")
         profile = LaunchProfile.objects.select_for_update().get(pk=profile.pk)
         last = profile.revisions.aggregate(Max("number"))["number__max"] or 0
         revision = ProfileRevision.objects.create(
@@ -252,15 +302,18 @@ def submit_revision(
     if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
         why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
         raise ProfileRefused(report.verdict, f"{report.verdict}: {why}", report)
-    revision = save_revision(
-        profile_name=profile_name,
-        args=list(args),
-        env=dict(env),
-        message=message,
-        node=node,
-        report=report,
-        model=model,
-        actor=actor,
-        request=request,
-    )
+    try:
+        revision = save_revision(
+            profile_name=profile_name,
+            args=list(args),
+            env=dict(env),
+            message=message,
+            node=node,
+            report=report,
+            model=model,
+            actor=actor,
+            request=request,
+        )
+    except ProfileHidden as hidden:  # made team-only while it was checked
+        raise ProfileRefused("missing", str(hidden)) from None
     return revision, report

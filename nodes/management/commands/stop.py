@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from nodes.choices import Role
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
-from nodes.models import Launch
+from nodes.services import teams
 from nodes.tasks import stop_launch
 
 STOP_WAIT_S = 300
@@ -30,7 +30,7 @@ class Command(OneLineCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = resolve_actor(options["actor"], Role.OPERATOR)
-        launch = Launch.objects.filter(pk=options["id"]).first()
+        launch = teams.visible_launches(actor).filter(pk=options["id"]).first()
         if launch is None:
             raise CommandError(f"no launch #{options['id']}", returncode=2)
         try:
