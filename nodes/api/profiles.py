@@ -76,6 +76,8 @@ def get_profile(request: HttpRequest, name: str) -> Any:
 
 
 def _check(node: Node, args: list[str], env: dict[str, str]) -> BudgetReport:
+    if problems := profiles.env_problems(env, node):  # the environment policy, as the form
+        raise HttpError(400, f"env: {'; '.join(problems)}")
     version = table(node.sglang_version or profiles.DEFAULT_VERSION)
     flags = parse_command(args, version)
     refused = [i for i in flags.issues if i.code in ("unknown", "invalid")]
@@ -106,9 +108,6 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
         raise HttpError(400, f"{name} is an ad-hoc profile of a launch")
     if existing is not None and not visible_profiles(request.user).filter(pk=existing.pk).exists():
         raise HttpError(404, "no such profile")  # a team's own profile: others cannot write to it
-    bad = [k for k in body.env if not k.isidentifier() or not k.isascii()]
-    if bad:
-        raise HttpError(400, f"env: {bad[0]!r} is not a variable name")
     node = named(body.node)
     report = _check(node, body.args, body.env)
     if report.verdict == "block" or (report.verdict == "warn" and not body.acknowledge_warnings):

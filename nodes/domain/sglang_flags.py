@@ -16,6 +16,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes.domain.env_policy import check_name
+
 KNOWN_TABLES = ("0.4.10.post2", "0.5.2", "0.5.9", "0.5.23")
 # Flags removed between versions, and what replaced them (shared/reference/sglang.md §7).
 REPLACEMENTS = {
@@ -196,8 +198,9 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
     """A pasted launch command → (flags after the launcher, leading ``VAR=value`` settings).
 
     Accepts ``python3 -m sglang.launch_server …``, ``sglang serve …`` or bare flags, after
-    ``VAR=value`` or ``export VAR=value`` settings; raises ``ValueError`` for unbalanced quotes
-    and for anything else before the launcher (``cd /x &&``, ``sudo``), which would not run.
+    ``VAR=value`` or ``export VAR=value`` settings; raises ``ValueError`` for unbalanced quotes,
+    a variable name ``env_policy.check_name`` refuses, and for anything else before the
+    launcher (``cd /x &&``, ``sudo``), which would not run.
     """
     words = shlex.split(command.replace("\\\n", " ")) if isinstance(command, str) else list(command)
     env: dict[str, str] = {}
@@ -208,6 +211,8 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
         if word == "export":
             continue
         key, _, value = word.partition("=")
+        if problem := check_name(key):  # a shell would run ``ÄÖ=1`` as a command, not set it
+            raise ValueError(problem)
         env[key] = value
     for launcher in LAUNCHERS:
         for i in range(len(words) - len(launcher) + 1):

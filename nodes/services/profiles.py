@@ -14,6 +14,7 @@ from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
+from nodes.domain import env_policy
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import parse_command
@@ -34,6 +35,24 @@ weights = sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path)
               if n.endswith((".safetensors", ".bin", ".pt")))
 print(json.dumps({"config": config, "weights_bytes": weights}))
 """
+
+
+class EnvRefused(ValueError):
+    """The environment policy refuses a variable on the node; the message names each one."""
+
+
+def env_problems(env: dict[str, str], node: Node | None) -> list[str]:
+    """Why the environment policy refuses ``env`` on ``node`` (its admin allowances counted),
+    one message per variable; empty when it may run there. Every door that saves or launches
+    a profile asks this: the form, the API, the import, ``save_revision`` and the launch."""
+    allowances = list(node.allowed_env or []) if node is not None else []
+    return env_policy.refusals(env, allowances, node.name if node is not None else "")
+
+
+def check_env(env: dict[str, str], node: Node | None) -> None:
+    """Raise ``EnvRefused`` naming every variable the policy refuses on ``node``."""
+    if problems := env_problems(env, node):
+        raise EnvRefused("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -137,8 +156,10 @@ def save_revision(
 ) -> ProfileRevision:
     """Create the profile if new, then its next revision; audit ``profile.revision``.
 
-    Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved.
+    Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved; and
+    (``EnvRefused``, a ValueError) an environment the policy refuses on ``node``.
     """
+    check_env(env, node)
     if report.verdict == "block":
         raise ValueError("a blocked profile cannot be saved")
     author = actor.get_username() if actor.is_authenticated else "cli"
