@@ -12,8 +12,8 @@ Three outcomes per variable (``decide``):
 
 - ``refused``: a loader or interpreter hook (below), or a name that is not
   ``[A-Za-z_][A-Za-z0-9_]*`` in ASCII, at most 128 characters (``ÄÖ``, ``BASH_FUNC_x%%``,
-  ``A-B`` are no variable names a shell would set; one rule at every door). An admin can allow a refused (well-formed) name on
-  one node; the refusal says so.
+  ``A-B`` are no variable names a shell would set; one rule at every door). An admin can
+  allow a refused (well-formed) name on one node; the refusal says so.
 - ``allowed``: a family SGLang and its libraries document (``SGLANG_*``, ``TORCH_*``,
   ``PYTORCH_*``, ``NCCL_*``, ``GLOO_*``, ``CUDA_*``, ``HF_*``, ``TRANSFORMERS_*``, ``VLLM_*``,
   ``OMP_NUM_THREADS``…). A hook inside a family (``CUDA_INJECTION64_PATH``,
