@@ -206,8 +206,8 @@ def check_name(name: str) -> str | None:
         return "an environment variable needs a name"
     if len(name) > MAX_NAME_LENGTH or not NAME_RULE.fullmatch(name):
         return (
-            f"{name[:40]!r} is not an environment variable name (ASCII letters, digits and _, "
-            f"not starting with a digit, at most {MAX_NAME_LENGTH} characters)"
+            f"{name[:40]!r} is not an environment variable name: variable names are ASCII "
+            f"letters, digits and _, not starting with a digit, at most {MAX_NAME_LENGTH} long"
         )
     return None
 

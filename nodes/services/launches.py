@@ -510,6 +510,7 @@ def _start_remote(launch: Launch, client: Any) -> dict[str, Any]:
             [launch.node.sglang_python, "-m", "sglang.launch_server", *redact_args(args)]
         ),
         "shown_env": redact_env(env),
+        "run_as": launch.node.run_as_user,
     }
     return ctl(
         client,
