@@ -48,7 +48,9 @@ def stored_revision(node: Node, env: dict[str, str]) -> ProfileRevision:
 
 
 def marker_files(sim) -> str:
-    return sim.ok("find / -xdev -name pwned.txt 2>/dev/null; true").strip()
+    """Marker files where a server could write: its launch folders and the temporary folder."""
+    found: str = sim.ok("find ~/.rankwise /tmp -name pwned.txt 2>/dev/null; true")
+    return found.strip()
 
 
 def wait_for(launch: Launch, *statuses: str, timeout: float = 90) -> str:
@@ -95,6 +97,20 @@ def test_a_node_runs_its_servers_as_its_unprivileged_user(spare, olga, launch_wo
     assert ranks and all(line.split()[0] == "nobody" for line in ranks), ranks
     marker = spare.sim.ok(f"cat {launch.remote_dir}/work/pwned.txt")
     assert marker.startswith("uid=65534(nobody)"), marker  # not root
+    assert marker_files(spare.sim).endswith(f"{launch.remote_dir.split('/')[-1]}/work/pwned.txt")
     assert LaunchLogLine.objects.filter(launch=launch).exists()  # the log still streams
     assert launches.stop(launch.pk, actor=olga).clean
     assert spare.sim.ok(f"stat -c %U {launch.remote_dir}/pid").strip() == "root"
+
+
+def test_a_run_as_user_missing_on_the_node_blocks_the_launch_with_the_reason(
+    spare, olga, launch_workers
+):
+    Node.objects.filter(pk=spare.pk).update(run_as_user="rankwise-absent")
+    spare.refresh_from_db()
+    launch = launches.submit(node=spare, revision=stored_revision(spare, {}), actor=olga)
+    assert wait_for(launch, LaunchStatus.BLOCKED, LaunchStatus.READY, LaunchStatus.FAILED) == (
+        LaunchStatus.BLOCKED
+    )
+    assert "cannot run servers as 'rankwise-absent': no such user on this node" in launch.reason
+    assert launch.pid is None
