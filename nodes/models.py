@@ -57,6 +57,16 @@ class Node(models.Model):
         default="python3",
         help_text="The interpreter that has SGLang installed, e.g. /opt/sglang/.venv/bin/python.",
     )
+    # Who launched servers run as on the node (blank: the SSH user); see launchctl.py.
+    run_as_user = models.CharField(
+        "Run servers as",
+        max_length=32,
+        blank=True,
+        help_text="An unprivileged user on the node that SGLang servers run as (the SSH user "
+        "must be root to switch to it). Blank: the SSH user.",
+    )
+    # Environment variable names (or NAME_* prefixes) the policy refuses but an admin allows here.
+    allowed_env = models.JSONField("Allowed environment variables", default=list, blank=True)
     # The host key an admin trusted ("ssh-ed25519 AAAA…"); an empty one means never trusted.
     host_key = models.TextField(blank=True)
     host_key_fingerprint = models.CharField(max_length=64, blank=True)
@@ -87,6 +97,11 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def server_user(self) -> str:
+        """Who launched servers run as: the run-as user, else the SSH user."""
+        return self.run_as_user or self.ssh_user
+
     def gpu_specs(self) -> list[GpuSpec]:
         return [GpuSpec(g.index, g.name, g.memory_total_bytes) for g in self.gpus.all()]
 
@@ -102,6 +117,8 @@ class Node(models.Model):
             "user": self.ssh_user,
             "credential": self.credential.name if self.credential else None,
             "sglang_python": self.sglang_python,
+            "run_as_user": self.run_as_user or None,
+            "allowed_env": list(self.allowed_env or []),
             "host_key_fingerprint": self.host_key_fingerprint or None,
             "host_ram_bytes": self.host_ram_bytes,
             "gpus": [

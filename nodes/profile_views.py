@@ -26,6 +26,7 @@ from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import has_role, role_required
 from nodes.services.profiles import (
     DEFAULT_VERSION,
+    EnvRefused,
     ProfileRefused,
     evaluate,
     model_facts,
@@ -260,9 +261,10 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
             actor=request.user,
             request=request,
         )
-    except ValueError:
+    except ValueError as exc:
         blocks = "; ".join(m.text for m in report.messages if m.level == "block")
-        messages.error(request, f"@{old.number} is blocked on {node.name} now: {blocks}")
+        why = exc if isinstance(exc, EnvRefused) else blocks  # the environment policy's refusal
+        messages.error(request, f"@{old.number} is blocked on {node.name} now: {why}")
     else:
         messages.success(request, f"Saved {revision}: equal to @{old.number} ({report.verdict}).")
     return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))

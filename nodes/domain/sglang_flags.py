@@ -18,6 +18,8 @@ from typing import Any
 
 from packaging.version import VERSION_PATTERN, InvalidVersion, Version
 
+from nodes.domain.env_policy import check_name
+
 KNOWN_TABLES = ("0.4.10.post2", "0.5.2", "0.5.9", "0.5.23")
 # Flags removed between versions, and what replaced them (shared/reference/sglang.md §7).
 REPLACEMENTS = {
@@ -215,7 +217,8 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
     Accepts ``python3 -m sglang.launch_server …`` (with the interpreter options of
     ``PYTHON_OPTIONS``), ``sglang serve …`` or bare flags, after ``VAR=value`` or
     ``export VAR=value`` settings; raises ``ValueError`` for unbalanced quotes, for any other
-    interpreter option (``-c CODE``, ``-W …``, ``-X …``) and for anything else before the
+    interpreter option (``-c CODE``, ``-W …``, ``-X …``), for a variable name
+    ``env_policy.check_name`` refuses, and for anything else before the
     launcher (``cd /x &&``, ``sudo``), which would not be run as pasted.
     """
     words = shlex.split(command.replace("\\\n", " ")) if isinstance(command, str) else list(command)
@@ -227,6 +230,8 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
         if word == "export":
             continue
         key, _, value = word.partition("=")
+        if problem := check_name(key):  # a shell would run ``ÄÖ=1`` as a command, not set it
+            raise ValueError(problem)
         env[key] = value
     if (
         words

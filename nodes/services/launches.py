@@ -38,7 +38,7 @@ from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
 from nodes.services import cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for
-from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
+from nodes.services.profiles import DEFAULT_VERSION, env_problems, model_facts, node_memory
 
 log = logging.getLogger(__name__)
 Actor = AbstractBaseUser | AnonymousUser
@@ -118,9 +118,6 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
             f"{args[0][:40]!r} is not an SGLang launch command: expected "
             "python3 -m sglang.launch_server --model-path … (or sglang serve …)"
         )
-    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", k)]
-    if bad:
-        raise LaunchInputError(f"{bad[0][:40]!r} is not an environment variable name")
     version = node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     model = model_facts(node, str(flags.get("model_path", default="") or ""))
@@ -192,6 +189,8 @@ def create(
         raise LaunchInputError(f"{node.name}'s host key is not trusted yet")
     if timeout_s is not None and timeout_s <= 0:
         raise LaunchInputError("the start-up timeout must be a positive number of seconds")
+    if refused := env_problems(dict(revision.env or {}), node):  # saved before the policy?
+        raise LaunchInputError("; ".join(refused))
     flags = flags_for(revision, node, port)
     if not flags.values:  # argparse refused the command: SGLang would exit before starting
         problem = "; ".join(i.message for i in flags.issues)
@@ -408,6 +407,8 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
     flags = parse_command(args_of(launch), table(version))
     flags.env = dict(launch.revision.env or {})
     checks = [plan.Check(**c) for c in launch.checks if c.get("name") == "reservation"]
+    # Again on the worker, just before the start: the node's allowances may have changed.
+    checks.append(plan.check_environment(env_problems(flags.env, node)))
     checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
     report = _budget(launch, flags, facts, version)
     checks.append(plan.check_budget(report))
@@ -513,6 +514,7 @@ def _start_remote(launch: Launch, client: Any) -> dict[str, Any]:
             [launch.node.sglang_python, "-m", "sglang.launch_server", *redact_args(args)]
         ),
         "shown_env": redact_env(env),
+        "run_as": launch.node.run_as_user,
     }
     return ctl(
         client,

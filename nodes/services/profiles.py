@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import dataclass
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -19,6 +18,7 @@ from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
+from nodes.domain import env_policy
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
@@ -75,8 +75,6 @@ class ProfileHidden(LookupError):
     """The profile is another team's own: to this caller it does not exist (answer 404)."""
 
 
-#: A variable name a shell can set (ASCII: what ``export`` accepts), as the pasted command's.
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 MAX_ARGS, MAX_ARGS_CHARS = 2000, 65536  # as the API and an import bound them
 
 
@@ -90,6 +88,24 @@ class ProfileRefused(Exception):
     def __init__(self, kind: str, reason: str, report: BudgetReport | None = None) -> None:
         super().__init__(reason)
         self.kind, self.reason, self.report = kind, reason, report
+
+
+class EnvRefused(ValueError):
+    """The environment policy refuses a variable on the node; the message names each one."""
+
+
+def env_problems(env: dict[str, str], node: Node | None) -> list[str]:
+    """Why the environment policy refuses ``env`` on ``node`` (its admin allowances counted),
+    one message per variable; empty when it may run there. Every door that saves or launches
+    a profile asks this: the form, the API, the import, ``save_revision`` and the launch."""
+    allowances = list(node.allowed_env or []) if node is not None else []
+    return env_policy.refusals(env, allowances, node.name if node is not None else "")
+
+
+def check_env(env: dict[str, str], node: Node | None) -> None:
+    """Raise ``EnvRefused`` naming every variable the policy refuses on ``node``."""
+    if problems := env_problems(env, node):
+        raise EnvRefused("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -209,8 +225,10 @@ def save_revision(
 
     Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved. Raises
     ``ProfileHidden`` (saving nothing) when the profile exists and ``actor`` may not write to
-    it (another team's own profile).
+    it (another team's own profile); and
+    (``EnvRefused``, a ValueError) an environment the policy refuses on ``node``.
     """
+    check_env(env, node)
     if report.verdict == "block":
         raise ValueError("a blocked profile cannot be saved")
     author = actor.get_username() if actor.is_authenticated else "cli"
@@ -254,7 +272,7 @@ def save_revision(
 def input_problem(node: Node, args: list[str], env: dict[str, str]) -> str | None:
     """Why ``args`` and ``env`` are refused before any budget, in one line: a flag or value the
     node's SGLang version refuses (an unknown flag, a port outside 1–65535…), a variable name
-    no shell can set. ``None`` when they are usable."""
+    no shell can set or the environment policy refuses on ``node``. ``None`` when usable."""
     if len(args) > MAX_ARGS or sum(map(len, args)) > MAX_ARGS_CHARS:
         return "the command is longer than a command line can be"
     version = node.sglang_version or DEFAULT_VERSION
@@ -262,9 +280,8 @@ def input_problem(node: Node, args: list[str], env: dict[str, str]) -> str | Non
     refused = [i for i in issues if i.code in ("unknown", "invalid")]
     if refused:
         return f"SGLang {version} refuses it: {refused[0].message}"
-    bad = [k for k in env if not ENV_NAME.fullmatch(k)]
-    if bad:
-        return f"env: {bad[0][:40]!r} is not a variable name"
+    if problems := env_problems(env, node):  # the name rule and the environment policy
+        return f"env: {'; '.join(problems)}"
     return None
 
 
