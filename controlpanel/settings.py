@@ -73,6 +73,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "nodes.middleware.QueueUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "controlpanel.urls"
@@ -165,6 +166,11 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_max": 1,
 }
 CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 2
+# Sending a task also subscribes to its result in Redis; Celery's default there is 20 retries a
+# second apart (a 19 s hang per request with Redis down). Two quick ones, then the error.
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
+    "retry_policy": {"max_retries": 2, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+}
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 10}
 CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
 # Seconds between heartbeats (each node's reachability, GPU memory in use, MemAvailable).

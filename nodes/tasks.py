@@ -6,6 +6,7 @@ a thread-pool worker, so it never holds a slot that heartbeats, stops and cleanu
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
@@ -14,6 +15,7 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from nodes import ssh
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import cleanup, discovery, follower, launches, teams
 
 
@@ -107,7 +109,5 @@ def _reconcile_after_start(sender: Any = None, **_: Any) -> None:
 
 
 def _queue_reconcile() -> None:
-    try:
-        reconcile_launches.delay()
-    except Exception:  # noqa: BLE001 — the beat schedule sends the next one
-        return
+    with contextlib.suppress(QueueUnavailable):  # the beat schedule sends the next one
+        enqueue("nodes.reconcile_launches")

@@ -6,18 +6,16 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from kombu.exceptions import OperationalError
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
-from redis.exceptions import RedisError
 
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.models import Launch
+from nodes.queue import enqueue
 from nodes.services import diagnoses, launches
-from nodes.tasks import stop_launch
 
 router = Router(tags=["launches"])
 LOG_BATCH = 1000
@@ -99,8 +97,5 @@ def stop(request: HttpRequest, launch_id: int) -> Any:
     launch = get_object_or_404(Launch, pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         return Status(202, {"detail": f"launch #{launch.pk} already ended ({launch.status})"})
-    try:
-        stop_launch.delay(launch.pk, request.user.pk)
-    except (OperationalError, RedisError):
-        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was stopped"})
+    enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
     return Status(202, {"detail": f"stopping launch #{launch.pk}", "id": launch.pk})

@@ -36,6 +36,7 @@ from nodes.domain.redact import mask_text, redact_args, redact_env, secret_value
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for
 from nodes.services.profiles import DEFAULT_VERSION, model_facts, node_memory
@@ -189,6 +190,11 @@ def create(
         raise LaunchInputError("every override needs a reason")
     if node.status == NodeStatus.MAINTENANCE:
         raise LaunchInputError(f"{node.name} is in maintenance: no launches")
+    if node.status == NodeStatus.HOST_KEY_CHANGED:
+        raise LaunchInputError(
+            f"{node.name}'s host key changed: no launches until an admin trusts the new key "
+            f"({node.status_reason})"
+        )
     if not node.host_key:
         raise LaunchInputError(f"{node.name}'s host key is not trusted yet")
     if timeout_s is not None and timeout_s <= 0:
@@ -309,11 +315,9 @@ def _reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
 
 
 def _enqueue(task: str, launch_id: int, **options: Any) -> None:
-    from controlpanel.celery import app
-
     try:
-        app.send_task(task, args=[launch_id], **options)
-    except Exception:  # noqa: BLE001 — the reconciler picks the launch up when the broker is back
+        enqueue(task, launch_id, **options)
+    except QueueUnavailable:  # the reconciler picks the launch up when the broker is back
         log.warning("could not queue %s for launch %s; the reconciler will", task, launch_id)
 
 

@@ -18,11 +18,10 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.mail import send_mail
 from django.db.models import Q, QuerySet
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from nodes.choices import Role
 from nodes.models import Launch, LaunchProfile, Node, Team
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import has_role
 
 log = logging.getLogger(__name__)
@@ -78,11 +77,9 @@ def node_event(node: Node, event: str, detail: str, launch: Launch | None = None
 
 
 def _queue(team: Team, payload: dict[str, Any]) -> None:
-    from nodes.tasks import deliver_notification  # the tasks module imports the services
-
     try:
-        deliver_notification.delay(team.pk, payload)
-    except (OperationalError, RedisError):
+        enqueue("nodes.notify", team.pk, payload)
+    except QueueUnavailable:
         log.warning("team %s not told of %s: the task queue is unreachable", team, payload)
 
 
