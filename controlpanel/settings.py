@@ -190,6 +190,10 @@ RANKWISE_HEALTH_SECONDS = env_int("RANKWISE_HEALTH_SECONDS", 10)
 RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 200_000)
 # Seconds a stop waits after SIGTERM before SIGKILL.
 RANKWISE_STOP_GRACE_SECONDS = env_int("RANKWISE_STOP_GRACE_SECONDS", 20)
+# A stop the node did not take (unreachable) is retried this many times, the first after this
+# many seconds, doubling up to 120 s (about 9 minutes in all), then reported failed.
+RANKWISE_STOP_RETRIES = env_int("RANKWISE_STOP_RETRIES", 8)
+RANKWISE_STOP_RETRY_SECONDS = env_int("RANKWISE_STOP_RETRY_SECONDS", 5)
 # Teams with an e-mail address are also e-mailed their launch events from this address (Django's
 # EMAIL_* settings say how); empty: no e-mail, webhooks only.
 RANKWISE_NOTIFY_EMAIL_FROM = env_str("RANKWISE_NOTIFY_EMAIL_FROM", "")

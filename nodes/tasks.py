@@ -10,7 +10,7 @@ import contextlib
 import threading
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
@@ -56,14 +56,23 @@ def follow_launch(launch_id: int) -> None:
     follower.follow(launch_id)
 
 
-@shared_task(name="nodes.stop_launch", soft_time_limit=300, time_limit=360)
-def stop_launch(launch_id: int, actor_id: int | None = None) -> dict[str, Any]:
-    """Stop a launch for the user ``actor_id``; what did not come back."""
+@shared_task(bind=True, name="nodes.stop_launch", soft_time_limit=300, time_limit=360)
+def stop_launch(
+    self: Task[Any, Any], launch_id: int, actor_id: int | None = None
+) -> dict[str, Any]:
+    """Stop a launch for the user ``actor_id``; what did not come back. A node that does not
+    answer gets the stop again later (backoff, bounded), until it is done or reported failed.
+    """
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import AnonymousUser
 
     user = get_user_model().objects.filter(pk=actor_id).first() if actor_id else None
-    outcome = launches.stop(launch_id, actor=user or AnonymousUser())
+    retry_in = launches.stop_retry_in(self.request.retries)
+    outcome = launches.stop(
+        launch_id, actor=user or AnonymousUser(), token=self.request.id or "", retry_in=retry_in
+    )
+    if outcome.pending and retry_in is not None:
+        raise self.retry(countdown=retry_in, max_retries=None)
     return {
         "status": outcome.launch.status,
         "remaining": outcome.remaining,

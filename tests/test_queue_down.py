@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Callable
 
 import pytest
 import requests
@@ -50,7 +51,7 @@ def _page_session(base: str) -> requests.Session:
     return session
 
 
-def _timed(call):
+def _timed(call: Callable[[], requests.Response]) -> tuple[requests.Response, float]:
     started = time.monotonic()
     response = call()
     return response, time.monotonic() - started
