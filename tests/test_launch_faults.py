@@ -58,7 +58,7 @@ def test_a_changed_host_key_stops_new_work_and_leaves_the_running_launch(
     # One heartbeat notices it (a fresh handshake, not the pooled connection) and marks the node.
     discovery.heartbeat_sweep(timeout=4)
     node = Node.objects.get(pk=spare.pk)
-    assert node.status == NodeStatus.HOST_KEY_CHANGED, (node.status, node.status_reason)
+    assert node.status == "host_key_changed", (node.status, node.status_reason)
     assert (
         "HOST KEY CHANGED" in node.status_reason and sim.host_key_fingerprint in node.status_reason
     )
