@@ -244,10 +244,17 @@ def host_key_changed(target: Target, presented: str) -> RemoteError:
 def check_host_key(target: Target, timeout: float = CONNECT_TIMEOUT_S) -> None:
     """Compare the key ``target`` presents now, in a fresh handshake (no login, nothing run),
     with the trusted one: a pooled connection keeps talking to the server it first met, so
-    only a new handshake notices a changed key. Raises ``RemoteError`` (``host_key_mismatch``
-    or the reason no handshake completed)."""
+    only a new handshake notices a changed key. Raises ``RemoteError`` (``host_key_mismatch``,
+    ``host_key_unknown`` when none is trusted, or why no handshake completed)."""
     key = fetch_host_key(target.host, target.port, timeout)
-    if target.host_key is None or (key.key_type, key.base64) != (
+    if target.host_key is None:
+        raise RemoteError(
+            "host_key_unknown",
+            f"{target.host} presents host key {key.fingerprint}, which no admin has trusted yet; "
+            "nothing was run",
+            permanent=True,
+        )
+    if (key.key_type, key.base64) != (
         target.host_key.key_type,
         target.host_key.base64,
     ):

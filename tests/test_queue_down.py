@@ -11,7 +11,7 @@ import pytest
 import requests
 
 from nodes.choices import LaunchStatus
-from nodes.models import Cleanup, Launch, LaunchProfile, ProfileRevision
+from nodes.models import Cleanup, Launch, LaunchProfile, ProfileRevision, Reservation
 from nodes.services import tokens
 from tests.conftest import database_url
 from tests.factories import PASSWORD, make_node, make_user
@@ -102,6 +102,19 @@ def test_with_redis_down_queueing_requests_answer_503_promptly(world, settings, 
         assert "task queue (Redis) is unreachable" in stopped_page.text
         assert "Traceback" not in stopped_page.text
         assert Launch.objects.get(pk=launch.pk).status == LaunchStatus.READY
+
+        made, took = _timed(
+            lambda: requests.post(
+                f"{base}/api/launches",
+                headers=api,
+                json={"node": "gpu-01", "profile": "qwen", "gpus": [2, 3]},
+                timeout=60,
+            )
+        )
+        assert made.status_code == 503 and took < PROMPT_S, made.text
+        new = Launch.objects.exclude(pk=launch.pk).get()
+        assert new.status == LaunchStatus.ERROR and new.reason.startswith("not started")
+        assert not Reservation.objects.filter(launch=new).exists()
 
         # Redis back: the same panel queues again, no restart needed.
         redis_server.start()

@@ -44,7 +44,7 @@ def list_launches(request: HttpRequest, filters: Query[LaunchFilter]) -> Any:
     return [launch_json(launch) for launch in rows[:200]]
 
 
-@router.post("", response={202: LaunchOut, **ERRORS}, auth=OperatorAuth())
+@router.post("", response={202: LaunchOut, 503: dict[str, str], **ERRORS}, auth=OperatorAuth())
 def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     """Launch a profile revision (``name@N``, or ``name`` for its latest) or a ``command`` line
     on ``node``; pre-flight runs on the node next (``status`` moves from ``pending``)."""

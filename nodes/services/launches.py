@@ -260,8 +260,21 @@ def create(
             request=request,
         )
         if launch.status == LaunchStatus.PENDING:
-            transaction.on_commit(lambda: _enqueue("nodes.start_launch", launch.pk))
+            transaction.on_commit(lambda: _queue_start(launch))
     return launch
+
+
+def _queue_start(launch: Launch) -> None:
+    """Hand the new launch to a worker. When the task queue is away it ends ``error`` saying
+    so (nothing ran; GPUs and port released) and ``QueueUnavailable`` is raised."""
+    try:
+        enqueue("nodes.start_launch", launch.pk)
+    except QueueUnavailable as exc:
+        Launch.objects.filter(pk=launch.pk, status=LaunchStatus.PENDING).update(
+            status=LaunchStatus.ERROR, reason=f"not started: {exc}", ended=timezone.now()
+        )
+        release(launch)
+        raise
 
 
 def submit(
@@ -763,11 +776,11 @@ def _await_other_stop(launch: Launch, token: str, retry_in: float | None) -> Sto
             return StopOutcome(launch, held_gpus=_still_reserved(launch))
         if launch.status != LaunchStatus.STOPPING:  # that stop failed; its reason says why
             return StopOutcome(launch, error=launch.reason)
-        if launch.reason.startswith("stop pending"):  # its own task retries it
-            return StopOutcome(launch, error=launch.reason)
         if _take_over_stop(launch.pk, token):
             launch.refresh_from_db()
             return _attempt_stop(launch, token, retry_in)
+        if launch.reason.startswith("stop pending"):  # its own task tries again
+            return StopOutcome(launch, error=launch.reason)
         time.sleep(0.5)
     return StopOutcome(launch, error="another stop of this launch has not finished")
 
