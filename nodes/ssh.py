@@ -534,10 +534,13 @@ class Pool:
             client.close()
 
     def drop_host(self, host: str, port: int, keep: Target | None = None) -> None:
-        """Close every connection to ``host:port`` (but ``keep``'s): the node's host key
-        changed, so none of them may be used again."""
+        """Close every connection to ``host:port`` (with ``keep``, only those made under
+        another trusted key than ``keep``'s): the node's host key changed, so none of them may
+        be used again."""
         for target in list(self._clients):
-            if (target.host, target.port) == (host, port) and target != keep:
+            if (target.host, target.port) != (host, port):
+                continue
+            if keep is None or target.host_key != keep.host_key:
                 self.drop(target)
 
     def close(self) -> None:
