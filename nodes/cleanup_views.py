@@ -11,8 +11,6 @@ from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from nodes import ssh
 from nodes.choices import Role
@@ -20,7 +18,6 @@ from nodes.cleanup_forms import CleanupForm
 from nodes.models import Launch, Node
 from nodes.roles import role_required
 from nodes.services import cleanup, teams
-from nodes.tasks import cleanup_gpus
 from nodes.views import HtmxHttpRequest, _redirect
 
 
@@ -92,13 +89,8 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         except cleanup.CleanupError as exc:
             form.add_error(None, str(exc))
         else:
-            try:
-                cleanup_gpus.delay(job.pk)
-            except (OperationalError, RedisError):
-                job.delete()
-                form.add_error(None, "The task queue (Redis) is unreachable; nothing was done.")
-            else:
-                return _redirect(request, reverse("nodes:cleanup-detail", args=[job.pk]))
+            cleanup.queue(job)  # QueueUnavailable: 503 (the middleware), the cleanup ended as error
+            return _redirect(request, reverse("nodes:cleanup-detail", args=[job.pk]))
     context = {"node": node, "launch": launch, "inspection": inspection, "form": form}
     return render(request, "nodes/cleanup_form.html", context)
 

@@ -35,7 +35,6 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
@@ -44,11 +43,11 @@ from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
 from nodes.launch_forms import BundleUploadForm, LaunchForm
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import has_role, role_required
 from nodes.services import bundle_uploads, bundles, diagnoses, launches
 from nodes.services.follower import channel
 from nodes.services.teams import visible_launches, visible_profiles
-from nodes.tasks import diagnose_upload, stop_launch
 from nodes.views import HtmxHttpRequest, _redirect
 
 LINES_SHOWN = 2000
@@ -242,12 +241,8 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     if launch.status in LAUNCH_ENDED:
         messages.info(request, f"Launch #{launch.pk} already ended ({launch.status}).")
     else:
-        try:
-            stop_launch.delay(launch.pk, request.user.pk)
-        except (OperationalError, RedisError):
-            messages.error(request, "The task queue (Redis) is unreachable; nothing was stopped.")
-        else:
-            messages.success(request, f"Stopping launch #{launch.pk}…")
+        enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
+        messages.success(request, f"Stopping launch #{launch.pk}…")
     return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
 
 
@@ -345,8 +340,8 @@ def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponseBase:
         job = bundle_uploads.store(form.cleaned_data["bundle"], request.user)
         try:
             # The job's id is the task's, so a caller can wait on the task by the page's URL.
-            diagnose_upload.apply_async((str(job.pk),), task_id=str(job.pk))
-        except OperationalError:
+            enqueue("nodes.diagnose_upload", str(job.pk), task_id=str(job.pk))
+        except QueueUnavailable:
             job.delete()
             form.add_error(None, "The task queue (Redis) does not answer; nothing was diagnosed.")
         else:

@@ -316,6 +316,13 @@ class Launch(models.Model):
     worker_beat = models.DateTimeField(null=True, blank=True)
     lost_since = models.DateTimeField(null=True, blank=True)
     resume_status = models.CharField(max_length=16, blank=True)
+    # The stop in progress: who asked, how many attempts reached for the node, and the stop
+    # task's lease (its id and when it last checked in, or when its next retry is due), so a
+    # stop whose worker died is re-sent by the reconciler or by a second stop request.
+    stop_by = models.CharField(max_length=150, blank=True)
+    stop_attempts = models.PositiveSmallIntegerField(default=0)
+    stop_token = models.CharField(max_length=64, blank=True)
+    stop_beat = models.DateTimeField(null=True, blank=True)
     server_info = models.JSONField(null=True, blank=True)
     metrics = models.JSONField(null=True, blank=True)
     health_at = models.DateTimeField(null=True, blank=True)

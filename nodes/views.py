@@ -26,13 +26,13 @@ from nodes.audit import record
 from nodes.choices import Role
 from nodes.forms import CredentialForm, NodeForm
 from nodes.models import AuditEntry, Gpu, Node, SshCredential
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import role_required
 from nodes.services import teams
 from nodes.services.credentials import create_credential, delete_credential
 from nodes.services.discovery import offer_host_key, trust_host_key
 from nodes.services.inventory import delete_node, save_node, set_maintenance
 from nodes.ssh import RemoteError
-from nodes.tasks import discover_node
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -123,11 +123,7 @@ def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.error(request, f"Trust {node.name}'s host key first: nothing runs on it before.")
         return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
     task_id = str(uuid.uuid4())
-    try:
-        discover_node.apply_async((node.pk,), task_id=task_id)
-    except OperationalError:
-        messages.error(request, "The task queue (Redis) does not answer; discovery did not start.")
-        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    enqueue("nodes.discover_node", node.pk, task_id=task_id)  # QueueUnavailable: 503
     record("node.discover", actor=request.user, obj=node, request=request)
     if request.htmx:
         node = Node.objects.prefetch_related("gpus").get(pk=pk)
@@ -166,8 +162,8 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     else:
         # The first thing anyone wants after trusting a node is to see it: discover it now.
         try:
-            discover_node.delay(node.pk)
-        except OperationalError:
+            enqueue("nodes.discover_node", node.pk)
+        except QueueUnavailable:
             messages.success(request, f"Host key of {node.name} trusted.")
         else:
             messages.success(request, f"Host key of {node.name} trusted; discovering it now.")

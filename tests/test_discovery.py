@@ -80,7 +80,7 @@ def test_a_changed_host_key_is_refused_and_nothing_runs(sim_fleet):
     assert "HOST KEY CHANGED" in err.value.message and "Nothing was run" in err.value.message
     assert log.read_text().count("Accepted publickey") == accepted
     node.refresh_from_db()
-    assert node.status == "unreachable" and "HOST KEY CHANGED" in node.status_reason
+    assert node.status == "host_key_changed" and "HOST KEY CHANGED" in node.status_reason
     assert node.gpus.count() == 2  # the inventory kept what was known
 
 

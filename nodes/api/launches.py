@@ -6,10 +6,8 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from kombu.exceptions import OperationalError
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
-from redis.exceptions import RedisError
 
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
@@ -17,9 +15,9 @@ from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.models import Launch
+from nodes.queue import enqueue
 from nodes.services import diagnoses, launches
 from nodes.services.teams import visible_launches
-from nodes.tasks import stop_launch
 
 router = Router(tags=["launches"])
 LOG_BATCH = 1000
@@ -50,7 +48,7 @@ def list_launches(request: HttpRequest, filters: Query[LaunchFilter]) -> Any:
     return Rows(rows, launch_json)
 
 
-@router.post("", response={202: LaunchOut, **ERRORS}, auth=OperatorAuth())
+@router.post("", response={202: LaunchOut, 503: dict[str, str], **ERRORS}, auth=OperatorAuth())
 def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     """Launch a profile revision (``name@N``, or ``name`` for its latest) or a ``command`` line
     on ``node``; pre-flight runs on the node next (``status`` moves from ``pending``)."""
@@ -103,8 +101,5 @@ def stop(request: HttpRequest, launch_id: int) -> Any:
     launch = get_object_or_404(visible_launches(request.user), pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         return Status(202, {"detail": f"launch #{launch.pk} already ended ({launch.status})"})
-    try:
-        stop_launch.delay(launch.pk, request.user.pk)
-    except (OperationalError, RedisError):
-        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was stopped"})
+    enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
     return Status(202, {"detail": f"stopping launch #{launch.pk}", "id": launch.pk})

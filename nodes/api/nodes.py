@@ -6,10 +6,8 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from kombu.exceptions import OperationalError
 from ninja import Router, Status
 from ninja.errors import HttpError
-from redis.exceptions import RedisError
 
 from nodes import ssh
 from nodes.api.auth import OperatorAuth, require
@@ -18,8 +16,8 @@ from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, Error, N
 from nodes.audit import record
 from nodes.choices import Role
 from nodes.models import Node
+from nodes.queue import enqueue
 from nodes.services import cleanup, teams
-from nodes.tasks import cleanup_gpus, discover_node
 
 router = Router(tags=["nodes"])
 
@@ -74,10 +72,7 @@ def discover(request: HttpRequest, name: str) -> Any:
     node = named(name)
     if not node.host_key:
         raise HttpError(400, f"trust {node.name}'s host key first")
-    try:
-        task = discover_node.delay(node.pk)
-    except (OperationalError, RedisError):
-        raise HttpError(503, "the task queue (Redis) is unreachable") from None
+    task = enqueue("nodes.discover_node", node.pk)
     record("node.discover", actor=request.user, obj=node, request=request)
     return Status(202, {"detail": f"discovery of {node.name} queued", "id": task.id})
 
@@ -125,9 +120,5 @@ def run_cleanup(request: HttpRequest, name: str, body: CleanupIn) -> Any:
         )
     except cleanup.CleanupError as exc:
         raise HttpError(400, str(exc)) from None
-    try:
-        cleanup_gpus.delay(job.pk)
-    except (OperationalError, RedisError):
-        job.delete()
-        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was done"})
+    cleanup.queue(job)  # QueueUnavailable: 503 (the middleware), the cleanup ended as error
     return Status(202, {"detail": f"cleanup #{job.pk} queued", "id": job.pk})

@@ -27,12 +27,11 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.mail import send_mail
 from django.db.models import CharField, Q, QuerySet
 from django.db.models.functions import Cast
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from nodes.choices import Role
 from nodes.domain.gpu_holders import Holder
 from nodes.models import AuditEntry, Cleanup, Launch, LaunchProfile, Node, Team
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import has_role
 
 log = logging.getLogger(__name__)
@@ -202,11 +201,9 @@ def node_event(node: Node, event: str, detail: str, launch: Launch | None = None
 
 
 def _queue(team: Team, payload: dict[str, Any]) -> None:
-    from nodes.tasks import deliver_notification  # the tasks module imports the services
-
     try:
-        deliver_notification.delay(team.pk, payload)
-    except (OperationalError, RedisError):
+        enqueue("nodes.notify", team.pk, payload)
+    except QueueUnavailable:
         log.warning("team %s not told of %s: the task queue is unreachable", team, payload)
 
 

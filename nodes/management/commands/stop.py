@@ -12,10 +12,10 @@ from typing import Any
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.choices import Role
+from nodes.choices import LaunchStatus, Role
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import teams
-from nodes.tasks import stop_launch
 
 STOP_WAIT_S = 300
 
@@ -34,8 +34,13 @@ class Command(OneLineCommand):
         if launch is None:
             raise CommandError(f"no launch #{options['id']}", returncode=2)
         try:
-            result = stop_launch.delay(launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
+            result = enqueue("nodes.stop_launch", launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
+        except QueueUnavailable as exc:
+            raise CommandError(f"{exc}; nothing was stopped") from None
         except CeleryTimeout:
+            launch.refresh_from_db()
+            if launch.status == LaunchStatus.STOPPING and launch.reason:
+                raise CommandError(f"launch #{launch.pk}: {launch.reason}") from None
             raise CommandError(
                 f"no worker finished the stop within {STOP_WAIT_S} s: is the panel running?"
             ) from None
