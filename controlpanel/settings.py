@@ -73,6 +73,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "nodes.middleware.QueueUnavailableMiddleware",
 ]
 
 ROOT_URLCONF = "controlpanel.urls"
@@ -165,6 +166,11 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_max": 1,
 }
 CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = 2
+# Sending a task also subscribes to its result in Redis; Celery's default there is 20 retries a
+# second apart (a 19 s hang per request with Redis down). Three within 1.5 s, then the error.
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
+    "retry_policy": {"max_retries": 3, "interval_start": 0, "interval_step": 0.5, "interval_max": 1}
+}
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_connect_timeout": 2, "socket_timeout": 10}
 CELERY_BEAT_SCHEDULE_FILENAME = str(STATE_DIR / "celerybeat-schedule")
 # Seconds between heartbeats (each node's reachability, GPU memory in use, MemAvailable).
@@ -184,6 +190,10 @@ RANKWISE_HEALTH_SECONDS = env_int("RANKWISE_HEALTH_SECONDS", 10)
 RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 200_000)
 # Seconds a stop waits after SIGTERM before SIGKILL.
 RANKWISE_STOP_GRACE_SECONDS = env_int("RANKWISE_STOP_GRACE_SECONDS", 20)
+# A stop the node did not take (unreachable) is retried this many times, the first after this
+# many seconds, doubling up to 120 s (about 9 minutes in all), then reported failed.
+RANKWISE_STOP_RETRIES = env_int("RANKWISE_STOP_RETRIES", 8)
+RANKWISE_STOP_RETRY_SECONDS = env_int("RANKWISE_STOP_RETRY_SECONDS", 5)
 # Teams with an e-mail address are also e-mailed their launch events from this address (Django's
 # EMAIL_* settings say how); empty: no e-mail, webhooks only.
 RANKWISE_NOTIFY_EMAIL_FROM = env_str("RANKWISE_NOTIFY_EMAIL_FROM", "")

@@ -7,6 +7,8 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
+from django.db import transaction
+from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from nodes.audit import record
@@ -88,7 +90,23 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
         )
 
     def delete_model(self, request: HttpRequest, obj: Team) -> None:
-        record(
-            "team.delete", actor=request.user, obj=obj, before={"name": obj.name}, request=request
-        )
-        super().delete_model(request, obj)
+        self.delete_queryset(request, Team.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Team]) -> None:
+        """Every deletion, one team's page or the list's bulk "delete selected", leaves one
+        ``team.delete`` entry per team, written with the deletion (both or neither)."""
+        with transaction.atomic():
+            for team in queryset.prefetch_related("members"):
+                record(
+                    "team.delete",
+                    actor=request.user,
+                    obj=team,
+                    before={
+                        "name": team.name,
+                        "members": sorted(m.get_username() for m in team.members.all()),
+                        "webhook_url": team.webhook_url,
+                        "email": team.email,
+                    },
+                    request=request,
+                )
+            super().delete_queryset(request, queryset)

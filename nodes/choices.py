@@ -18,6 +18,9 @@ class NodeStatus(models.TextChoices):
     UNREACHABLE = "unreachable", "Unreachable"
     # Taken out of service by an admin: no launches.
     MAINTENANCE = "maintenance", "Maintenance"
+    # The node presents another host key than the trusted one: nothing runs on it (launches
+    # there are left as they are) until an admin trusts the new key.
+    HOST_KEY_CHANGED = "host_key_changed", "Host key changed"
 
 
 class Role(models.TextChoices):

@@ -56,4 +56,6 @@ class CleanupForm(forms.Form):
 
 
 def _owner(holder: Holder) -> str:
+    if holder.team_only:
+        return "a team-only launch's process"
     return f"launch #{holder.launch_id}'s process" if holder.launch_id else "not Rankwise's"

@@ -11,39 +11,40 @@ from django.http import Http404, HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from nodes import ssh
 from nodes.choices import Role
 from nodes.cleanup_forms import CleanupForm
-from nodes.models import Cleanup, Launch, Node
+from nodes.models import Launch, Node
 from nodes.roles import role_required
-from nodes.services import cleanup
-from nodes.tasks import cleanup_gpus
+from nodes.services import cleanup, teams
 from nodes.views import HtmxHttpRequest, _redirect
 
 
 @require_GET
-@login_required
-def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    """The node's "GPU holders" panel: read live over SSH, changes nothing."""
+@role_required(Role.OPERATOR)
+def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """The node's "GPU holders" panel: read live over SSH, changes nothing. Operators only:
+    nothing runs on a node for a viewer (and every process's command line shows here)."""
     node = get_object_or_404(Node, pk=pk)
     context: dict[str, Any] = {"node": node}
     try:
         context["inspection"] = cleanup.inspect(node)
     except ssh.RemoteError as exc:
         context["error"] = exc.message
+    else:
+        teams.mask_holders(request.user, context["inspection"].holders)
     return render(request, "nodes/gpu_holders.html", context)
 
 
 def _launch_of(request: HtmxHttpRequest, node: Node) -> Launch | None:
-    """The launch the cleanup is about, if the page names one; 404 for one not on this node."""
+    """The launch the cleanup is about, if the page names one; 404 for one not on this node
+    or another team's own."""
     text = request.GET.get("launch") or request.POST.get("launch") or ""
     if not text:
         return None
     launch = (
-        Launch.objects.filter(pk=int(text), node=node).first()
+        teams.visible_launches(request.user).filter(pk=int(text), node=node).first()
         if re.fullmatch(r"[0-9]{1,9}", text)
         else None
     )
@@ -63,6 +64,7 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     except ssh.RemoteError as exc:
         messages.error(request, f"{node.name} did not answer: {exc.message}")
         return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    teams.mask_holders(request.user, inspection.holders)
     others = [
         h
         for h in inspection.holders
@@ -87,13 +89,8 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         except cleanup.CleanupError as exc:
             form.add_error(None, str(exc))
         else:
-            try:
-                cleanup_gpus.delay(job.pk)
-            except (OperationalError, RedisError):
-                job.delete()
-                form.add_error(None, "The task queue (Redis) is unreachable; nothing was done.")
-            else:
-                return _redirect(request, reverse("nodes:cleanup-detail", args=[job.pk]))
+            cleanup.queue(job)  # QueueUnavailable: 503 (the middleware), the cleanup ended as error
+            return _redirect(request, reverse("nodes:cleanup-detail", args=[job.pk]))
     context = {"node": node, "launch": launch, "inspection": inspection, "form": form}
     return render(request, "nodes/cleanup_form.html", context)
 
@@ -102,7 +99,9 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 @login_required
 def cleanup_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """A cleanup as a checklist: each step, its command, output and memory before/after."""
-    job = get_object_or_404(Cleanup.objects.select_related("node", "launch"), pk=pk)
+    job = get_object_or_404(
+        teams.visible_cleanups(request.user).select_related("node", "launch"), pk=pk
+    )
     context = {"cleanup": job, "steps": list(job.steps.all())}
     if request.htmx and request.GET.get("part") == "steps":
         return render(request, "nodes/cleanup_detail.html#steps", context)

@@ -10,6 +10,7 @@ from django import forms
 from django.db import transaction
 
 from nodes.domain import inventory as rules
+from nodes.domain.env_policy import parse_allowances
 from nodes.domain.units import ENTRY_UNITS, UnitError, best_entry_unit, to_bytes
 from nodes.models import Gpu, Node, SshCredential
 
@@ -147,10 +148,27 @@ class NodeForm(forms.ModelForm[Node]):
     labels_text = forms.CharField(
         label="Labels", required=False, help_text="Comma-separated, e.g. rack=a3, h200."
     )
+    allowed_env_text = forms.CharField(
+        label="Allowed environment variables",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false"}),
+        help_text="Names (or NAME_* prefixes) the environment policy refuses but profiles may "
+        "set on this node, e.g. LD_LIBRARY_PATH, NCCL_NET_PLUGIN. Each one can run code of its "
+        "own in the server: allow only what this node needs.",
+    )
 
     class Meta:
         model = Node
-        fields = ["name", "host", "port", "ssh_user", "credential", "sglang_python", "notes"]
+        fields = [
+            "name",
+            "host",
+            "port",
+            "ssh_user",
+            "run_as_user",
+            "credential",
+            "sglang_python",
+            "notes",
+        ]
         widgets = {"notes": forms.Textarea(attrs={"rows": 3})}
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -162,6 +180,7 @@ class NodeForm(forms.ModelForm[Node]):
             specs = node.gpu_specs()
             self.initial.setdefault("host_ram", node.host_ram_bytes)
             self.initial.setdefault("labels_text", ", ".join(node.labels))
+            self.initial.setdefault("allowed_env_text", ", ".join(node.allowed_env or []))
             self.initial.setdefault("gpu_count", len(specs))
             if specs:
                 self.initial.setdefault("gpu_name", specs[0].name)
@@ -190,6 +209,18 @@ class NodeForm(forms.ModelForm[Node]):
         if message := rules.check_ssh_user(user):
             raise forms.ValidationError(message)
         return user
+
+    def clean_run_as_user(self) -> str:
+        user: str = (self.cleaned_data.get("run_as_user") or "").strip()
+        if user and (message := rules.check_ssh_user(user)):
+            raise forms.ValidationError(message)
+        return user
+
+    def clean_allowed_env_text(self) -> list[str]:
+        names, message = parse_allowances(self.cleaned_data["allowed_env_text"])
+        if message:
+            raise forms.ValidationError(message)
+        return names
 
     def clean_sglang_python(self) -> str:
         path: str = self.cleaned_data["sglang_python"].strip()
@@ -249,6 +280,7 @@ class NodeForm(forms.ModelForm[Node]):
         node: Node = super().save(commit=False)
         node.host_ram_bytes = self.cleaned_data.get("host_ram")
         node.labels = self.cleaned_data.get("labels_text", [])
+        node.allowed_env = self.cleaned_data.get("allowed_env_text", [])
         node.save()
         wanted = self.gpu_specs()
         if self.gpus_changed() and wanted != node.gpu_specs():

@@ -75,6 +75,10 @@ class LaunchForm(forms.Form):
             field.queryset = ProfileRevision.objects.filter(
                 profile__adhoc=False, profile__in=visible_profiles(user)
             ).select_related("profile")
+            adhoc = cast(forms.ModelChoiceField, self.fields["adhoc_revision"])  # type: ignore[type-arg]
+            adhoc.queryset = ProfileRevision.objects.filter(
+                profile__adhoc=True, profile__in=visible_profiles(user)
+            )
 
     def clean_gpus(self) -> list[int] | None:
         text = self.cleaned_data["gpus"].strip()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gzip
 import json
 import re
 import shlex
@@ -25,6 +24,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
+from django.db.models import QuerySet
 from django.http import (
     HttpRequest,
     HttpResponse,
@@ -32,24 +32,22 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
-from django.shortcuts import get_object_or_404, render
+from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain import remedy, timeline
-from nodes.domain.bundle import BundleError
 from nodes.domain.logparse import PHASES, Progress, phase_label
-from nodes.domain.redact import mask_assignments, redact_args
+from nodes.domain.redact import redact_args
 from nodes.launch_forms import BundleUploadForm, LaunchForm
-from nodes.models import Launch, LaunchLogLine, Node, ProfileRevision
+from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import has_role, role_required
-from nodes.services import bundles, diagnoses, launches
+from nodes.services import bundle_uploads, bundles, diagnoses, launches
 from nodes.services.follower import channel
-from nodes.services.teams import visible_profiles
-from nodes.tasks import stop_launch
+from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views import HtmxHttpRequest, _redirect
 
 LINES_SHOWN = 2000
@@ -59,7 +57,8 @@ BATCH = 1000
 @require_GET
 @login_required
 def launch_list(request: HtmxHttpRequest) -> HttpResponse:
-    rows = Launch.objects.select_related("node", "revision__profile")
+    seen = visible_launches(request.user)
+    rows = seen.select_related("node", "revision__profile")
     status = request.GET.get("status", "")
     node = _filter_value(request.GET.get("node", ""))
     category = request.GET.get("category", "")
@@ -76,7 +75,7 @@ def launch_list(request: HtmxHttpRequest) -> HttpResponse:
         "page": page,
         "statuses": LaunchStatus.choices,
         "nodes": Node.objects.values_list("name", flat=True),
-        "categories": Launch.objects.exclude(diagnosis_category="")
+        "categories": seen.exclude(diagnosis_category="")
         .order_by("diagnosis_category")
         .values_list("diagnosis_category", flat=True)
         .distinct(),
@@ -86,6 +85,11 @@ def launch_list(request: HtmxHttpRequest) -> HttpResponse:
         "query": urlencode({k: v for k, v in request.GET.items() if k != "page"}),
     }
     return render(request, "nodes/launch_list.html", context)
+
+
+def _seen(request: HttpRequest) -> QuerySet[Launch]:
+    """The launches the caller may see: another team's own are 404 on every launch URL."""
+    return visible_launches(request.user)
 
 
 def _filter_value(text: str) -> str:
@@ -222,7 +226,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
 @require_GET
 @login_required
 def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
-    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     if request.htmx and request.GET.get("part") == "state":
         return render(request, "nodes/launch_detail.html#state", _state_context(launch))
     lines = list(launch.lines.order_by("-seq").values_list("seq", "text")[:LINES_SHOWN])[::-1]
@@ -251,16 +255,12 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 @require_POST
 @role_required(Role.OPERATOR)
 def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
-    launch = get_object_or_404(Launch, pk=pk)
+    launch = get_object_or_404(_seen(request), pk=pk)
     if launch.status in LAUNCH_ENDED:
         messages.info(request, f"Launch #{launch.pk} already ended ({launch.status}).")
     else:
-        try:
-            stop_launch.delay(launch.pk, request.user.pk)
-        except (OperationalError, RedisError):
-            messages.error(request, "The task queue (Redis) is unreachable; nothing was stopped.")
-        else:
-            messages.success(request, f"Stopping launch #{launch.pk}…")
+        enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
+        messages.success(request, f"Stopping launch #{launch.pk}…")
     return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
 
 
@@ -268,7 +268,7 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 @login_required
 def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
     """Stored lines after ``?after=SEQ`` (polling fallback of the live stream)."""
-    launch = get_object_or_404(Launch, pk=pk)
+    launch = get_object_or_404(_seen(request), pk=pk)
     after = _seq(request.GET.get("after"))
     rows = list(launch.lines.filter(seq__gt=after).values_list("seq", "text")[:BATCH])
     return JsonResponse(
@@ -285,11 +285,12 @@ def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
 @login_required
 def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     """The whole log as text: the archive when lines were dropped from the database."""
-    launch = get_object_or_404(Launch, pk=pk)
+    launch = get_object_or_404(_seen(request), pk=pk)
     name = f"launch-{launch.pk}.log"
     if launch.log_archive:
-        body = gzip.decompress(bytes(launch.log_archive))
-        response: HttpResponseBase = HttpResponse(body, content_type="text/plain; charset=utf-8")
+        response: HttpResponseBase = StreamingHttpResponse(
+            bundles.archived_log(launch), content_type="text/plain; charset=utf-8"
+        )
     else:
 
         def lines() -> Iterator[str]:
@@ -310,7 +311,7 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
 @login_required
 def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
     """The launch as a ``rankwise-case/1`` bundle (log and facts, secrets masked)."""
-    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     response = HttpResponse(bundles.launch_bundle(launch), content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="launch-{launch.pk}.tar.gz"'
     return response
@@ -320,8 +321,9 @@ def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
 @role_required(Role.OPERATOR)
 def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     """Save the diagnosis's suggested change as the profile's next revision, re-validated on
-    the launch's node, then open the launch form with it."""
-    launch = get_object_or_404(Launch.objects.select_related("node", "revision__profile"), pk=pk)
+    the launch's node, then open the launch form with it. Another team's launch is 404: its
+    profile is not theirs to write to."""
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     try:
         revision, created = diagnoses.apply_fix(launch, actor=request.user, request=request)
     except diagnoses.FixError as exc:
@@ -348,35 +350,40 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 
 @require_http_methods(["GET", "POST"])
 @login_required
-def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponse:
-    """Upload a bundle (``.tar.gz`` of a ``rankwise-case/1`` folder) from any server and read
-    its diagnosis; nothing is stored."""
+def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponseBase:
+    """Upload a bundle (``.tar.gz`` of a ``rankwise-case/1`` folder) from any server: it is kept
+    for a worker, which reads it with bounds and diagnoses it; the result page polls."""
     form = BundleUploadForm(request.POST or None, request.FILES or None)
-    context: dict[str, Any] = {"form": form}
     if request.method == "POST" and form.is_valid():
-        upload = form.cleaned_data["bundle"]
+        job = bundle_uploads.store(form.cleaned_data["bundle"], request.user)
         try:
-            text, facts = bundles.read_bundle_file(upload)
-        except BundleError as exc:
-            form.add_error("bundle", str(exc))
+            # The job's id is the task's, so a caller can wait on the task by the page's URL.
+            enqueue("nodes.diagnose_upload", str(job.pk), task_id=str(job.pk))
+        except QueueUnavailable:
+            job.delete()
+            form.add_error(None, "The task queue (Redis) does not answer; nothing was diagnosed.")
         else:
-            found = diagnoses.diagnose_bundle(text, facts)
-            lines = [mask_assignments(line) for line in text.splitlines()]
-            context.update(
-                diagnosis=found.to_json(),
-                summary=mask_assignments(found.summary),
-                name=upload.name,
-                excerpts=[
-                    (
-                        e.line,
-                        lines[e.line - 1]
-                        if e.line and e.line <= len(lines)
-                        else mask_assignments(e.text),
-                    )
-                    for e in found.evidence
-                ],
-                line_count=len(lines),
-            )
+            return redirect(reverse("nodes:bundle-diagnosis", args=[job.pk]))
+    return render(request, "nodes/bundle_diagnose.html", {"form": form})
+
+
+@require_GET
+@login_required
+def bundle_diagnosis(request: HtmxHttpRequest, pk: str) -> HttpResponse:
+    """An uploaded bundle's diagnosis, for the user who uploaded it (pending: the page polls)."""
+    job = get_object_or_404(BundleUpload.objects.defer("data"), pk=pk, owner=request.user)
+    result = job.result or {}
+    context = {
+        "form": BundleUploadForm(),
+        "job": job,
+        "pending": job.status == BundleUpload.Status.PENDING,
+        "error": result.get("error"),
+        "diagnosis": result.get("diagnosis"),
+        "summary": result.get("summary"),
+        "excerpts": result.get("excerpts") or [],
+        "line_count": result.get("line_count"),
+        "name": job.name,
+    }
     return render(request, "nodes/bundle_diagnose.html", context)
 
 
@@ -397,7 +404,8 @@ async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     user = await request.auser()
     if not user.is_authenticated or not await sync_to_async(has_role)(user, Role.VIEWER):
         return HttpResponse("Log in to follow this launch.", status=403)
-    if not await Launch.objects.filter(pk=pk).aexists():
+    seen = await sync_to_async(visible_launches)(user)
+    if not await seen.filter(pk=pk).aexists():
         return HttpResponse("No such launch.", status=404)
     after = _seq(request.headers.get("Last-Event-ID") or request.GET.get("after"))
     response = StreamingHttpResponse(_events(pk, after), content_type="text/event-stream")

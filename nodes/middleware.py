@@ -1,4 +1,5 @@
-"""Request ids: every request gets one, audit entries carry it, responses echo it."""
+"""Request ids: every request gets one, audit entries carry it, responses echo it. Requests
+refused before a view reads them (NUL in the API) or whose task could not be queued."""
 
 from __future__ import annotations
 
@@ -6,8 +7,12 @@ import re
 import uuid
 from collections.abc import Callable
 
+from django.contrib import messages
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+
+from nodes.queue import QueueUnavailable
 
 _SAFE_ID = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 
@@ -50,3 +55,26 @@ def _nul_in_body(request: HttpRequest) -> bool:
     except RequestDataTooBig:
         return False  # Django answers that itself
     return b"\\u0000" in body or b"\x00" in body
+
+
+class QueueUnavailableMiddleware:
+    """A task the request wanted queued could not be (Redis is away): answer 503 at once with
+    a plain message instead of an error page, JSON under ``/api/``."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if not isinstance(exception, QueueUnavailable):
+            return None
+        detail = f"{exception}; nothing was done, try again once it is back"
+        if request.path.startswith("/api/"):
+            return JsonResponse({"detail": detail}, status=503)
+        if getattr(request, "htmx", False):
+            # htmx does not swap an error answer: reload the page, which shows the message.
+            messages.error(request, detail[:1].upper() + detail[1:] + ".")
+            return HttpResponse(status=503, headers={"HX-Refresh": "true"})
+        return render(request, "503.html", {"detail": detail}, status=503)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -56,6 +57,16 @@ class Node(models.Model):
         default="python3",
         help_text="The interpreter that has SGLang installed, e.g. /opt/sglang/.venv/bin/python.",
     )
+    # Who launched servers run as on the node (blank: the SSH user); see launchctl.py.
+    run_as_user = models.CharField(
+        "Run servers as",
+        max_length=32,
+        blank=True,
+        help_text="An unprivileged user on the node that SGLang servers run as (the SSH user "
+        "must be root to switch to it). Blank: the SSH user.",
+    )
+    # Environment variable names (or NAME_* prefixes) the policy refuses but an admin allows here.
+    allowed_env = models.JSONField("Allowed environment variables", default=list, blank=True)
     # The host key an admin trusted ("ssh-ed25519 AAAA…"); an empty one means never trusted.
     host_key = models.TextField(blank=True)
     host_key_fingerprint = models.CharField(max_length=64, blank=True)
@@ -86,6 +97,11 @@ class Node(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def server_user(self) -> str:
+        """Who launched servers run as: the run-as user, else the SSH user."""
+        return self.run_as_user or self.ssh_user
+
     def gpu_specs(self) -> list[GpuSpec]:
         return [GpuSpec(g.index, g.name, g.memory_total_bytes) for g in self.gpus.all()]
 
@@ -101,6 +117,8 @@ class Node(models.Model):
             "user": self.ssh_user,
             "credential": self.credential.name if self.credential else None,
             "sglang_python": self.sglang_python,
+            "run_as_user": self.run_as_user or None,
+            "allowed_env": list(self.allowed_env or []),
             "host_key_fingerprint": self.host_key_fingerprint or None,
             "host_ram_bytes": self.host_ram_bytes,
             "gpus": [
@@ -298,6 +316,13 @@ class Launch(models.Model):
     worker_beat = models.DateTimeField(null=True, blank=True)
     lost_since = models.DateTimeField(null=True, blank=True)
     resume_status = models.CharField(max_length=16, blank=True)
+    # The stop in progress: who asked, how many attempts reached for the node, and the stop
+    # task's lease (its id and when it last checked in, or when its next retry is due), so a
+    # stop whose worker died is re-sent by the reconciler or by a second stop request.
+    stop_by = models.CharField(max_length=150, blank=True)
+    stop_attempts = models.PositiveSmallIntegerField(default=0)
+    stop_token = models.CharField(max_length=64, blank=True)
+    stop_beat = models.DateTimeField(null=True, blank=True)
     server_info = models.JSONField(null=True, blank=True)
     metrics = models.JSONField(null=True, blank=True)
     health_at = models.DateTimeField(null=True, blank=True)
@@ -594,3 +619,33 @@ class Calibration(models.Model):
 
     def __str__(self) -> str:
         return f"calibration of {self.model_path} ({self.gpu_name}, TP{self.tp_size})"
+
+
+class BundleUpload(models.Model):
+    """A bundle uploaded to ``/diagnose/``, diagnosed by a worker, not by the web process.
+
+    ``data`` holds the archive as uploaded (bounded by the form) until the worker read it;
+    ``result`` then holds what the page shows: ``{"diagnosis", "summary", "excerpts",
+    "line_count"}`` (secrets masked) or ``{"error": reason}``. Only ``owner`` sees it.
+    """
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        DONE = "done"
+        REFUSED = "refused"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="bundle_uploads"
+    )
+    name = models.CharField(max_length=200)
+    data = models.BinaryField(default=b"")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    result = models.JSONField(null=True, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.status})"

@@ -9,8 +9,10 @@ from typing import Any
 from django import forms
 
 from nodes.domain import inventory as rules
+from nodes.domain.env_policy import check_name
 from nodes.domain.sglang_flags import split_command
 from nodes.models import Node
+from nodes.services.profiles import env_problems
 
 KV_DTYPES = [
     ("auto", "auto (model dtype)"),
@@ -132,10 +134,20 @@ class ProfileForm(forms.Form):
             if not line.strip():
                 continue
             key, sep, value = line.strip().partition("=")
-            if not sep or not key.isidentifier():
+            if not sep:
                 raise forms.ValidationError(f"{line.strip()[:40]!r} is not NAME=value")
+            if problem := check_name(key):
+                raise forms.ValidationError(problem)
             env[key] = value
         return env
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        # The environment policy on the chosen node (its admin allowances count).
+        if data.get("node") is not None and data.get("env"):
+            for problem in env_problems(data["env"], data["node"]):
+                self.add_error("env", problem)
+        return data
 
     def args(self) -> list[str]:
         """The flags after ``python3 -m sglang.launch_server``, in a stable order."""

@@ -27,13 +27,23 @@ from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import has_role, role_required
 from nodes.services.profiles import (
     DEFAULT_VERSION,
+    EnvRefused,
+    ProfileRefused,
     evaluate,
     model_facts,
     model_of,
     save_revision,
+    submit_revision,
 )
 from nodes.services.teams import visible_profiles
 from nodes.views import HtmxHttpRequest, _redirect
+
+# What the form says when the save is refused, by ``ProfileRefused.kind`` (else its reason).
+SAVE_REFUSALS = {
+    "block": (None, "Blocked: this node cannot run this profile (see the budget)."),
+    "warn": ("acknowledge", "Read the warnings, then tick this box to save."),
+    "exists": ("name", "A profile with this name exists; edit it to add a revision."),
+}
 
 
 @require_GET
@@ -143,10 +153,12 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
-def _checked(form: ProfileForm) -> dict[str, Any]:
-    """The budget panel's context for a bound, valid form."""
+def _checked(form: ProfileForm, *, read_node: bool = True) -> dict[str, Any]:
+    """The budget panel's context for a bound, valid form; with ``read_node`` false nothing
+    runs on the node (the model is read from a pasted config.json only)."""
     node = form.cleaned_data["node"]
-    model = model_facts(node, form.cleaned_data["model_path"], form.cleaned_data["model_config"])
+    data = form.cleaned_data
+    model = model_facts(node, data["model_path"], data["model_config"], read_node=read_node)
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
@@ -159,11 +171,12 @@ def _checked(form: ProfileForm) -> dict[str, Any]:
 @require_POST
 @login_required
 def profile_check(request: HtmxHttpRequest) -> HttpResponse:
-    """The live budget panel for what the form holds now; it never touches the inputs."""
+    """The live budget panel for what the form holds now; it never touches the inputs. Only
+    an operator's check reads the model on the node: a viewer gets the budget without it."""
     form = ProfileForm(request.POST)
     context: dict[str, Any] = {"form": form}
     if form.is_valid():
-        context.update(_checked(form))
+        context.update(_checked(form, read_node=has_role(request.user, Role.OPERATOR)))
     return render(request, "nodes/profile_form.html#budget-panel", context)
 
 
@@ -254,9 +267,10 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
             actor=request.user,
             request=request,
         )
-    except ValueError:
+    except ValueError as exc:
         blocks = "; ".join(m.text for m in report.messages if m.level == "block")
-        messages.error(request, f"@{old.number} is blocked on {node.name} now: {blocks}")
+        why = exc if isinstance(exc, EnvRefused) else blocks  # the environment policy's refusal
+        messages.error(request, f"@{old.number} is blocked on {node.name} now: {why}")
     else:
         messages.success(request, f"Saved {revision}: equal to @{old.number} ({report.verdict}).")
     return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
@@ -382,31 +396,24 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         form.initial["name"] = profile.name
     if form.is_valid():
         context.update(_checked(form))
-        report = context["report"]
         if request.POST.get("action") == "save":
-            if report.verdict == "block":
-                form.add_error(None, "Blocked: this node cannot run this profile (see the budget).")
-            elif report.verdict == "warn" and not form.cleaned_data["acknowledge"]:
-                form.add_error("acknowledge", "Read the warnings, then tick this box to save.")
-            elif (
-                profile is None
-                and LaunchProfile.objects.filter(name=form.cleaned_data["name"]).exists()
-            ):
-                form.add_error(
-                    "name", "A profile with this name exists; edit it to add a revision."
-                )
-            else:
-                revision = save_revision(
+            try:
+                revision, _ = submit_revision(
                     profile_name=form.cleaned_data["name"],
+                    node=form.cleaned_data["node"],
                     args=form.args(),
                     env=form.cleaned_data["env"],
                     message=form.cleaned_data["message"],
-                    node=form.cleaned_data["node"],
-                    report=report,
-                    model=context["model"],
                     actor=request.user,
+                    acknowledged=form.cleaned_data["acknowledge"],
+                    new_profile=profile is None,
+                    pasted_config=form.cleaned_data["model_config"],
                     request=request,
                 )
+            except ProfileRefused as refused:
+                field, text = SAVE_REFUSALS.get(refused.kind, (None, refused.reason))
+                form.add_error(field, text)
+            else:
                 messages.success(request, f"Saved {revision}.")
                 return _redirect(
                     request, reverse("nodes:profile-detail", args=[revision.profile_id])

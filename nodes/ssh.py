@@ -40,7 +40,8 @@ class RemoteError(Exception):
     ``host_key_mismatch``, ``command_failed``, ``bad_key``, ``refused`` (a port on the node has
     no listener). ``permanent`` says whether retrying
     without a change can help. ``exit_status`` and ``stderr_tail`` are set for
-    ``command_failed``.
+    ``command_failed``; ``presented`` (the fingerprint the node showed) for
+    ``host_key_mismatch``.
     """
 
     def __init__(
@@ -51,6 +52,7 @@ class RemoteError(Exception):
         permanent: bool = False,
         exit_status: int | None = None,
         stderr_tail: str = "",
+        presented: str = "",
     ) -> None:
         super().__init__(message)
         self.kind = kind
@@ -58,6 +60,8 @@ class RemoteError(Exception):
         self.permanent = permanent
         self.exit_status = exit_status
         self.stderr_tail = stderr_tail
+        # For ``host_key_mismatch``: the fingerprint of the key the node presented.
+        self.presented = presented
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,38 @@ def fetch_host_key(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> 
         transport.close()
 
 
+def host_key_changed(target: Target, presented: str) -> RemoteError:
+    """The refusal for a node whose key (fingerprint ``presented``) is not the trusted one."""
+    trusted = target.host_key.fingerprint if target.host_key else "?"
+    return RemoteError(
+        "host_key_mismatch",
+        f"HOST KEY CHANGED for {target.host}: it presents {presented}, but the trusted key is "
+        f"{trusted}. Nothing was run. If the node was reinstalled, fetch and trust the new key.",
+        permanent=True,
+        presented=presented,
+    )
+
+
+def check_host_key(target: Target, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Compare the key ``target`` presents now, in a fresh handshake (no login, nothing run),
+    with the trusted one: a pooled connection keeps talking to the server it first met, so
+    only a new handshake notices a changed key. Raises ``RemoteError`` (``host_key_mismatch``,
+    ``host_key_unknown`` when none is trusted, or why no handshake completed)."""
+    key = fetch_host_key(target.host, target.port, timeout)
+    if target.host_key is None:
+        raise RemoteError(
+            "host_key_unknown",
+            f"{target.host} presents host key {key.fingerprint}, which no admin has trusted yet; "
+            "nothing was run",
+            permanent=True,
+        )
+    if (key.key_type, key.base64) != (
+        target.host_key.key_type,
+        target.host_key.base64,
+    ):
+        raise host_key_changed(target, key.fingerprint)
+
+
 def _open_socket(host: str, port: int, timeout: float) -> socket.socket:
     try:
         return socket.create_connection((host, port), timeout=timeout)
@@ -280,13 +316,7 @@ def connect(target: Target, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHC
         raise
     except paramiko.BadHostKeyException as exc:
         client.close()
-        raise RemoteError(
-            "host_key_mismatch",
-            f"HOST KEY CHANGED for {target.host}: it presents {fingerprint_of(exc.key.asbytes())}, "
-            f"but the trusted key is {target.host_key.fingerprint if target.host_key else '?'}. "
-            "Nothing was run. If the node was reinstalled, fetch and trust the new key.",
-            permanent=True,
-        ) from None
+        raise host_key_changed(target, fingerprint_of(exc.key.asbytes())) from None
     except paramiko.AuthenticationException:
         client.close()
         raise RemoteError(
@@ -489,6 +519,8 @@ class Pool:
                     client.close()
                 client = connect(target, timeout)
                 self._clients[target] = client
+                # A connection made under a key trusted before is not reused for this node.
+                self.drop_host(target.host, target.port, keep=target)
             try:
                 yield client
             except RemoteError as exc:
@@ -500,6 +532,16 @@ class Pool:
         client = self._clients.pop(target, None)
         if client is not None:
             client.close()
+
+    def drop_host(self, host: str, port: int, keep: Target | None = None) -> None:
+        """Close every connection to ``host:port`` (with ``keep``, only those made under
+        another trusted key than ``keep``'s): the node's host key changed, so none of them may
+        be used again."""
+        for target in list(self._clients):
+            if (target.host, target.port) != (host, port):
+                continue
+            if keep is None or target.host_key != keep.host_key:
+                self.drop(target)
 
     def close(self) -> None:
         for target in list(self._clients):

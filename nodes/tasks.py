@@ -6,15 +6,17 @@ a thread-pool worker, so it never holds a slot that heartbeats, stops and cleanu
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 from celery.signals import worker_ready
 from django.conf import settings
 
 from nodes import ssh
-from nodes.services import cleanup, discovery, follower, launches, teams
+from nodes.queue import QueueUnavailable, enqueue
+from nodes.services import bundle_uploads, cleanup, discovery, follower, launches, teams
 
 
 @shared_task(name="nodes.discover_node", soft_time_limit=150, time_limit=180)
@@ -24,6 +26,12 @@ def discover_node(node_id: int) -> dict[str, Any]:
         return discovery.discover(node_id).to_json()
     except ssh.RemoteError as exc:
         return {"error": exc.message, "kind": exc.kind}
+
+
+@shared_task(name="nodes.diagnose_upload", soft_time_limit=120, time_limit=150)
+def diagnose_upload(upload_id: str) -> str:
+    """Read and diagnose a bundle uploaded to /diagnose/ (bounded read, off the web process)."""
+    return bundle_uploads.diagnose_upload(upload_id)
 
 
 @shared_task(name="nodes.heartbeat", soft_time_limit=60, time_limit=90, expires=60)
@@ -54,14 +62,23 @@ def follow_launch(launch_id: int) -> None:
     follower.follow(launch_id)
 
 
-@shared_task(name="nodes.stop_launch", soft_time_limit=300, time_limit=360)
-def stop_launch(launch_id: int, actor_id: int | None = None) -> dict[str, Any]:
-    """Stop a launch for the user ``actor_id``; what did not come back."""
+@shared_task(bind=True, name="nodes.stop_launch", soft_time_limit=300, time_limit=360)
+def stop_launch(
+    self: Task[Any, Any], launch_id: int, actor_id: int | None = None
+) -> dict[str, Any]:
+    """Stop a launch for the user ``actor_id``; what did not come back. A node that does not
+    answer gets the stop again later (backoff, bounded), until it is done or reported failed.
+    """
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import AnonymousUser
 
     user = get_user_model().objects.filter(pk=actor_id).first() if actor_id else None
-    outcome = launches.stop(launch_id, actor=user or AnonymousUser())
+    retry_in = launches.stop_retry_in(self.request.retries)
+    outcome = launches.stop(
+        launch_id, actor=user or AnonymousUser(), token=self.request.id or "", retry_in=retry_in
+    )
+    if outcome.pending and retry_in is not None:
+        raise self.retry(countdown=retry_in, max_retries=None)
     return {
         "status": outcome.launch.status,
         "remaining": outcome.remaining,
@@ -107,7 +124,5 @@ def _reconcile_after_start(sender: Any = None, **_: Any) -> None:
 
 
 def _queue_reconcile() -> None:
-    try:
-        reconcile_launches.delay()
-    except Exception:  # noqa: BLE001 — the beat schedule sends the next one
-        return
+    with contextlib.suppress(QueueUnavailable):  # the beat schedule sends the next one
+        enqueue("nodes.reconcile_launches")

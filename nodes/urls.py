@@ -59,6 +59,7 @@ urlpatterns = [
     path("launches/<int:pk>/bundle/", launch_views.launch_bundle, name="launch-bundle"),
     path("launches/<int:pk>/apply-fix/", launch_views.launch_apply_fix, name="launch-apply-fix"),
     path("diagnose/", launch_views.bundle_diagnose, name="bundle-diagnose"),
+    path("diagnose/<uuid:pk>/", launch_views.bundle_diagnosis, name="bundle-diagnosis"),
     path("nodes/<int:pk>/gpus/", cleanup_views.node_gpus, name="node-gpus"),
     path("nodes/<int:pk>/cleanup/", cleanup_views.node_cleanup, name="node-cleanup"),
     path("cleanups/<int:pk>/", cleanup_views.cleanup_detail, name="cleanup-detail"),

@@ -26,12 +26,13 @@ from nodes.audit import record
 from nodes.choices import Role
 from nodes.forms import CredentialForm, NodeForm
 from nodes.models import AuditEntry, Gpu, Node, SshCredential
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import role_required
+from nodes.services import teams
 from nodes.services.credentials import create_credential, delete_credential
 from nodes.services.discovery import offer_host_key, trust_host_key
 from nodes.services.inventory import delete_node, save_node, set_maintenance
 from nodes.ssh import RemoteError
-from nodes.tasks import discover_node
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -62,14 +63,27 @@ def node_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     node = get_object_or_404(
         Node.objects.prefetch_related("gpus").select_related("credential"), pk=pk
     )
-    history = AuditEntry.objects.filter(object_type="node", object_id=str(node.pk))[:20]
-    events = node.events.all()[:20]
-    launches = node.launches.select_related("revision__profile")[:10]
+    user = request.user
+    nodes_own = AuditEntry.objects.filter(object_type="node", object_id=str(node.pk))
+    history = teams.visible_audit(user, nodes_own)[:20]
+    events = list(node.events.all()[:20])
+    for event, message in zip(
+        events, teams.mask_launch_ids(user, [e.message for e in events]), strict=True
+    ):
+        event.message = message
+    launches = teams.visible_launches(user).filter(node=node).select_related("revision__profile")
+    # Another team's own launch shows only as the GPUs it holds.
+    team_only_gpus = sorted(
+        node.reservations.filter(kind="gpu", launch__in=teams.hidden_launches(user)).values_list(
+            "number", flat=True
+        )
+    )
     context = {
         "node": node,
         "history": history,
         "events": events,
-        "launches": launches,
+        "launches": launches[:10],
+        "team_only_gpus": team_only_gpus,
         "task_id": None,
     }
     return render(request, "nodes/node_detail.html", context)
@@ -109,11 +123,7 @@ def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.error(request, f"Trust {node.name}'s host key first: nothing runs on it before.")
         return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
     task_id = str(uuid.uuid4())
-    try:
-        discover_node.apply_async((node.pk,), task_id=task_id)
-    except OperationalError:
-        messages.error(request, "The task queue (Redis) does not answer; discovery did not start.")
-        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    enqueue("nodes.discover_node", node.pk, task_id=task_id)  # QueueUnavailable: 503
     record("node.discover", actor=request.user, obj=node, request=request)
     if request.htmx:
         node = Node.objects.prefetch_related("gpus").get(pk=pk)
@@ -152,8 +162,8 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     else:
         # The first thing anyone wants after trusting a node is to see it: discover it now.
         try:
-            discover_node.delay(node.pk)
-        except OperationalError:
+            enqueue("nodes.discover_node", node.pk)
+        except QueueUnavailable:
             messages.success(request, f"Host key of {node.name} trusted.")
         else:
             messages.success(request, f"Host key of {node.name} trusted; discovering it now.")
@@ -256,7 +266,7 @@ def node_delete(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 @require_GET
 @login_required
 def audit_list(request: HtmxHttpRequest) -> HttpResponse:
-    entries = AuditEntry.objects.select_related("actor")
+    entries = teams.visible_audit(request.user, AuditEntry.objects.select_related("actor"))
     action = request.GET.get("action", "").strip()
     if not re.fullmatch(r"[a-z_.]{0,64}", action):
         action = ""

@@ -114,6 +114,17 @@ def build_home(node_dir: str, models_dir: str) -> None:
     os.chmod("/tmp", 0o1777)
 
 
+def open_driver_to_all_users() -> None:
+    """Let any user of the node take GPU memory, as ``/dev/nvidia*`` (0666) let them on a real
+    node: the ledger that stands in for the driver, and what it rewrites, are open to all."""
+    for name in ("ledger", "leaked"):
+        os.chmod(f"/run/simfleet/{name}", 0o777)  # no sticky bit: any process settles the dead
+    for name in ("ledger.lock", "meminfo", "kmsg", "cgroup/memory.current", "cgroup/memory.max"):
+        fd = os.open(f"/run/simfleet/{name}", os.O_WRONLY | os.O_CREAT, 0o666)
+        os.fchmod(fd, 0o666)
+        os.close(fd)
+
+
 def start_sshd() -> subprocess.Popen[bytes]:
     log = open("/run/simfleet/sshd.log", "ab")  # noqa: SIM115
     env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
@@ -140,6 +151,7 @@ def main() -> None:
     build_proc_and_cgroup(config)
     build_usr_local(config)
     build_home(node_dir, models_dir)
+    open_driver_to_all_users()
     # The node's own host key where an operator looks for it (inside this node only).
     for name in ("ssh_host_ed25519_key", "ssh_host_ed25519_key.pub"):
         if os.path.exists(f"/etc/ssh/{name}"):

@@ -168,3 +168,19 @@ def test_the_diagnose_command_reads_folders_and_archives(settings, tmp_path):
     assert archive.returncode == 0 and archive.stdout.startswith("mem-fraction-too-low: ")
     refused = manage_py(settings, "diagnose", str(tmp_path / "missing"))
     assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_the_diagnose_command_masks_secrets_its_evidence_quotes(settings, tmp_path):
+    from tests.conftest import manage_py
+
+    case = tmp_path / "secret"
+    case.mkdir()
+    (case / "launch.log").write_text(
+        "ValueError: /m contains custom code which must be executed; HF_TOKEN=hf_topsecret "
+        "--api-key sk-topsecret\n"
+    )
+    (case / "facts.json").write_text('{"format": "rankwise-case/1"}')
+    for extra in ([], ["--json"]):
+        found = manage_py(settings, "diagnose", str(case), *extra)
+        assert found.returncode == 0 and "trust-remote-code" in found.stdout, found.stderr
+        assert "topsecret" not in found.stdout and "HF_TOKEN=****" in found.stdout

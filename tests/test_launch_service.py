@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import socket
 from datetime import timedelta
 
 import pytest
@@ -10,7 +12,14 @@ from django.utils import timezone
 from nodes.choices import LaunchStatus
 from nodes.domain.logparse import Progress
 from nodes.domain.logtext import Piece
-from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision, Reservation
+from nodes.models import (
+    Launch,
+    LaunchLogLine,
+    LaunchProfile,
+    Node,
+    ProfileRevision,
+    Reservation,
+)
 from nodes.services import launches
 from nodes.services.follower import Follower
 from tests.factories import make_node, make_user
@@ -88,7 +97,10 @@ def test_a_second_stop_waits_for_the_first_and_acts_only_once(launch):
 
     from nodes.models import AuditEntry
 
-    Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.STOPPING)
+    # A live stop: its worker checks in (the lease); a stale one would be taken over.
+    Launch.objects.filter(pk=launch.pk).update(
+        status=LaunchStatus.STOPPING, stop_token="first", stop_beat=timezone.now()
+    )
 
     def first_stop_finishes() -> None:
         from django.db import connection
@@ -119,3 +131,56 @@ def test_a_launch_can_move_the_server_to_another_port(launch):
         ("gpu", 5),
         ("port", 31000),
     }
+
+
+def test_a_numeric_api_key_masks_its_echo_but_not_the_numbers_the_parser_reads(launch):
+    from nodes.domain.redact import secret_values
+
+    follower = Follower(launch.pk)
+    assert launches.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
+    follower.offset, follower.seq = 0, 0
+    follower.secrets = secret_values(["--api-key", "100000", "--max-total-tokens", "100000"], {})
+    follower.progress = Progress()
+    lines = [
+        "server_args=ServerArgs(api_key='100000', max_total_tokens=100000)",
+        "[2026-12-01 10:00:00 TP0] max_total_num_tokens=100000, chunked_prefill_size=8192",
+    ]
+    follower._store(launch, [Piece(text, len(text) + 1) for text in lines])
+    stored = list(LaunchLogLine.objects.filter(launch=launch).values_list("text", flat=True))
+    assert stored == [
+        "server_args=ServerArgs(api_key='****', max_total_tokens=100000)",
+        lines[1],
+    ]
+    launch.refresh_from_db()
+    assert Progress.from_json(launch.progress).numbers["max_total_num_tokens"] == 100000
+
+
+def test_a_stop_whose_worker_went_silent_is_found_and_taken_over(launch, settings):
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 5)
+    Launch.objects.filter(pk=launch.pk).update(
+        status=LaunchStatus.STOPPING, stop_token="dead-worker", stop_beat=timezone.now()
+    )
+    assert launches.stuck_stops() == []
+    Launch.objects.filter(pk=launch.pk).update(stop_beat=stale)
+    assert [s.pk for s in launches.stuck_stops()] == [launch.pk]
+    # A second stop does not wait for the dead one: it tries the node itself (here: a port
+    # where nothing listens, no retry left, so the stop is reported failed and the launch gets
+    # its status back).
+    Launch.objects.filter(pk=launch.pk).update(resume_status=LaunchStatus.READY)
+    blob = b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    Node.objects.filter(pk=launch.node_id).update(
+        host="127.0.0.1", port=port, host_key=f"ssh-ed25519 {base64.b64encode(blob).decode()}"
+    )
+    outcome = launches.stop(launch.pk, actor=make_user("pat", "operator"))
+    assert outcome.error.startswith("stop failed after 1 attempt"), outcome.error
+    assert outcome.launch.status == LaunchStatus.READY
+    assert outcome.launch.reason == outcome.error and launches.stuck_stops() == []
+
+
+def test_stop_retries_back_off_and_are_bounded(settings):
+    settings.RANKWISE_STOP_RETRIES, settings.RANKWISE_STOP_RETRY_SECONDS = 8, 5
+    waits = [launches.stop_retry_in(n) for n in range(9)]
+    assert waits == [5, 10, 20, 40, 80, 120, 120, 120, None]

@@ -73,7 +73,7 @@ def test_a_team_only_profile_is_hidden_from_others_on_pages_and_the_api(client):
     assert "shared" in page and "secret" not in page
     assert client.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 404
     token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(outsider, 't')}"}
-    assert [p["name"] for p in client.get("/api/profiles", **token).json()] == ["shared"]
+    assert [p["name"] for p in client.get("/api/profiles", **token).json()["items"]] == ["shared"]
     assert client.get("/api/profiles/secret", **token).status_code == 404
     exported = client.get("/api/profiles/export", **token).json()
     assert [p["name"] for p in exported["profiles"]] == ["shared"]
@@ -146,3 +146,32 @@ def test_the_team_hears_of_ready_then_failed_with_the_diagnosis(spare, hook, lau
     failed = next(b for b in hook.bodies if b["event"] == "launch.failed")
     assert failed["launch"] == launch.pk and failed["team"] == "infra"
     assert failed["detail"].startswith("health-check-failure: the server was ready")
+
+
+@pytest.mark.django_db
+def test_every_way_the_admin_deletes_teams_is_audited(admin_user):
+    from django.test import Client
+
+    admin_user.is_staff = admin_user.is_superuser = True  # the support admin's first account
+    admin_user.save()
+    client = Client()
+    client.force_login(admin_user)
+    kept = Team.objects.create(name="keep")
+    gone = [Team.objects.create(name=n) for n in ("infra", "research")]
+    gone[0].members.add(admin_user.pk)
+    # The list's bulk action "Delete selected teams", confirmed.
+    client.post(
+        reverse("admin:nodes_team_changelist"),
+        {"action": "delete_selected", "_selected_action": [t.pk for t in gone], "post": "yes"},
+    )
+    assert list(Team.objects.values_list("name", flat=True)) == ["keep"]
+    entries = AuditEntry.objects.filter(action="team.delete").order_by("object_repr")
+    assert [(e.object_repr, e.actor_name) for e in entries] == [
+        ("infra", admin_user.username),
+        ("research", admin_user.username),
+    ]
+    assert entries[0].before["members"] == [admin_user.username]
+    # One team's own delete page.
+    client.post(reverse("admin:nodes_team_delete", args=[kept.pk]), {"post": "yes"})
+    assert not Team.objects.exists()
+    assert AuditEntry.objects.filter(action="team.delete", object_repr="keep").count() == 1

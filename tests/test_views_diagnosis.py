@@ -7,13 +7,22 @@ from __future__ import annotations
 import io
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.urls import reverse
 
 from nodes.choices import LaunchStatus
 from nodes.domain import timeline
-from nodes.models import AuditEntry, Launch, LaunchLogLine, LaunchProfile, ProfileRevision
+from nodes.models import (
+    AuditEntry,
+    BundleUpload,
+    Launch,
+    LaunchLogLine,
+    LaunchProfile,
+    ProfileRevision,
+)
+from nodes.services import bundle_uploads
 from nodes.services.diagnoses import diagnose_launch
 from tests.factories import make_node
 
@@ -178,28 +187,47 @@ def archive_of(case: Path) -> io.BytesIO:
     return buffer
 
 
-def test_an_uploaded_bundle_from_another_server_is_diagnosed(viewer_client):
-    response = viewer_client.post(
-        reverse("nodes:bundle-diagnose"), {"bundle": archive_of(CASES / "C05")}
-    )
-    page = response.content.decode()
-    assert response.status_code == 200 and "host-mem-precheck" in page
+def diagnosed(client: Any, upload: Any) -> str:
+    """Upload as the page does, let the worker's job run (as the task does), read the result."""
+    response = client.post(reverse("nodes:bundle-diagnose"), {"bundle": upload})
+    assert response.status_code == 302, response.content.decode()[:500]
+    job = BundleUpload.objects.get(pk=response.url.rstrip("/").rsplit("/", 1)[1])
+    pending = client.get(response.url).content.decode()
+    assert 'hx-trigger="every 1s"' in pending and job.result is None  # not read by the web
+    bundle_uploads.diagnose_upload(job.pk)
+    return str(client.get(response.url).content.decode())
+
+
+def test_an_uploaded_bundle_from_another_server_is_diagnosed(viewer_client, celery_app_for_tests):
+    page = diagnosed(viewer_client, archive_of(CASES / "C05"))
+    assert "host-mem-precheck" in page and 'hx-trigger="every' not in page
     assert "34.13 GB usable" in page and "line " in page
     assert not Launch.objects.exists()
 
 
-@pytest.mark.parametrize(
-    ("content", "message"),
-    [
-        (b"not an archive", "x.tar.gz is not a tar archive: not a .tar, .tar.gz"),
-        (b"", "The submitted file is empty"),
-    ],
-)
-def test_an_upload_that_is_no_bundle_is_refused_with_the_reason(viewer_client, content, message):
-    upload = io.BytesIO(content)
+def test_an_upload_that_is_no_archive_is_refused_with_the_reason(
+    viewer_client, celery_app_for_tests
+):
+    upload = io.BytesIO(b"not an archive")
+    upload.name = "x.tar.gz"
+    page = diagnosed(viewer_client, upload)
+    assert "x.tar.gz is not a tar archive: not a .tar, .tar.gz" in page
+
+
+def test_an_empty_upload_is_refused_by_the_form(viewer_client):
+    upload = io.BytesIO(b"")
     upload.name = "x.tar.gz"
     response = viewer_client.post(reverse("nodes:bundle-diagnose"), {"bundle": upload})
-    assert response.status_code == 200 and message in response.content.decode()
+    assert response.status_code == 200
+    assert "The submitted file is empty" in response.content.decode()
+    assert not BundleUpload.objects.exists()
+
+
+def test_only_the_uploader_sees_the_result(viewer_client, operator_client, celery_app_for_tests):
+    response = viewer_client.post(
+        reverse("nodes:bundle-diagnose"), {"bundle": archive_of(CASES / "C05")}
+    )
+    assert operator_client.get(response.url).status_code == 404
 
 
 def test_a_second_click_does_not_save_the_fix_twice(operator_client, incident):
@@ -244,7 +272,9 @@ def test_list_filters_that_no_database_can_compare_are_ignored(viewer_client, in
         assert response.status_code == 200 and f"#{incident.pk}<" in response.content.decode()
 
 
-def test_an_uploaded_bundle_shows_no_secret_its_log_spells_out(viewer_client, tmp_path):
+def test_an_uploaded_bundle_shows_no_secret_its_log_spells_out(
+    viewer_client, tmp_path, celery_app_for_tests
+):
     case = tmp_path / "secret"
     case.mkdir()
     (case / "launch.log").write_text(
@@ -252,7 +282,70 @@ def test_an_uploaded_bundle_shows_no_secret_its_log_spells_out(viewer_client, tm
         "ValueError: The repository for /m contains custom code which must be executed\n"
     )
     (case / "facts.json").write_text('{"format": "rankwise-case/1"}')
-    page = viewer_client.post(
-        reverse("nodes:bundle-diagnose"), {"bundle": archive_of(case)}
-    ).content.decode()
+    page = diagnosed(viewer_client, archive_of(case))
     assert "trust-remote-code" in page and "topsecret" not in page
+
+
+class Newlines(io.RawIOBase):
+    """``size`` bytes of newlines, produced as read (the bomb is never whole in memory)."""
+
+    def __init__(self, size: int) -> None:
+        self.left = size
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), self.left)
+        buffer[:n] = b"\n" * n
+        self.left -= n
+        return n
+
+
+def bomb() -> io.BytesIO:
+    """The issue's upload: 64 MiB of newlines and a minimal facts.json, about 65 KB gzipped."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", compresslevel=9) as tar:
+        info = tarfile.TarInfo("bomb/launch.log")
+        info.size = 64 * 2**20
+        tar.addfile(info, io.BufferedReader(Newlines(info.size)))
+        facts = b'{"format": "rankwise-case/1"}'
+        info = tarfile.TarInfo("bomb/facts.json")
+        info.size = len(facts)
+        tar.addfile(info, io.BytesIO(facts))
+    buffer.seek(0)
+    buffer.name = "bomb.tar.gz"
+    return buffer
+
+
+def test_a_decompression_bomb_is_refused_after_a_bounded_read():
+    import tracemalloc
+
+    from nodes.domain.bundle import BundleError
+    from nodes.services.bundles import MAX_UPLOAD_LOG_LINES, read_bundle_file
+
+    upload = bomb()
+    assert len(upload.getvalue()) < 200_000
+    tracemalloc.start()
+    try:
+        with pytest.raises(BundleError, match="launch.log has more than 250,000 lines"):
+            read_bundle_file(upload)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # It stopped a chunk after the line limit, never holding the 64 MiB (let alone its lines).
+    assert MAX_UPLOAD_LOG_LINES == 250_000 and peak < 8 * 2**20
+
+
+def test_a_bomb_posted_to_the_page_is_left_to_the_worker_which_refuses_it(
+    viewer_client, celery_worker
+):
+    from celery.result import AsyncResult
+
+    response = viewer_client.post(reverse("nodes:bundle-diagnose"), {"bundle": bomb()})
+    assert response.status_code == 302
+    job_id = response.url.rstrip("/").rsplit("/", 1)[1]
+    assert AsyncResult(job_id).get(timeout=60) == "refused"
+    page = viewer_client.get(response.url).content.decode()
+    assert "launch.log has more than 250,000 lines: not read" in page
+    assert not BundleUpload.objects.get(pk=job_id).data  # the archive is not kept

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import io
+import tarfile
 import threading
 from collections.abc import Coroutine
 from typing import Any
@@ -140,7 +142,29 @@ def test_lines_after_a_sequence_number_and_the_full_download(viewer_client, node
     launch.log_archive = gzip.compress(b"the whole log\n")
     launch.save()
     download = viewer_client.get(reverse("nodes:launch-log", args=[launch.pk]))
-    assert download.content == b"the whole log\n"
+    assert b"".join(download.streaming_content) == b"the whole log\n"
+
+
+def test_an_archived_raw_log_is_served_masked_in_the_download_and_the_bundle(
+    viewer_client, node, revision
+):
+    # Past RANKWISE_LOG_LINES_MAX the whole log comes from the node's file, which holds the key
+    # in clear (archives from before masking at archive time, too).
+    raw = (
+        b"server_args=ServerArgs(api_key='sk-xyz', max_total_tokens=100000)\n"
+        b"python3 -m sglang.launch_server --api-key sk-xyz --max-total-tokens 100000\n"
+        b"max_total_num_tokens=100000\n"
+    )
+    launch = make_launch(revision, node, status=LaunchStatus.STOPPED, log_complete=True)
+    Launch.objects.filter(pk=launch.pk).update(log_archive=gzip.compress(raw), lines_dropped=5)
+    download = viewer_client.get(reverse("nodes:launch-log", args=[launch.pk]))
+    text = b"".join(download.streaming_content)
+    assert b"sk-xyz" not in text and text.count(b"100000") == 3
+    assert b"api_key='****'" in text and b"--api-key ****" in text
+    bundle = viewer_client.get(reverse("nodes:launch-bundle", args=[launch.pk])).content
+    with tarfile.open(fileobj=io.BytesIO(bundle)) as archive:
+        member = archive.extractfile(f"launch-{launch.pk}/launch.log")
+        assert member is not None and member.read() == text
 
 
 async def _read_stream(response) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -157,6 +158,40 @@ def test_secrets_are_masked_in_the_shown_command(operator_client):
     panel = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
     assert "sk-123" not in panel and "hf_abc" not in panel and "HF_TOKEN=****" in panel
     assert "--api-key &#x27;****&#x27;" in body and "HF_TOKEN=****" in body
+
+
+SECRET_ENV = {
+    "MY_PASSWD": "pw-alpha-1",
+    "OPENAI_KEY": "oa-bravo-2",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/secrets/charlie-3.json",
+    "AWS_SECRET_ACCESS_KEY": "aws-delta-4",
+    "HF_TOKEN": "hf-echo-5",
+}
+
+
+def test_secret_env_names_are_masked_on_the_page_in_the_audit_and_the_api(
+    operator_client, operator
+):
+    from nodes.services import tokens
+
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23")
+    env = "\n".join(f"{k}={v}" for k, v in SECRET_ENV.items()) + "\nTOKENIZERS_PARALLELISM=false"
+    flags = "--max-total-tokens 100000 --skip-tokenizer-init --tokenizer-path /models/tok"
+    data = form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
+    operator_client.post(reverse("nodes:profile-create"), data)
+    profile = LaunchProfile.objects.get()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 'test')}"}
+    shown = {
+        "page": operator_client.get(reverse("nodes:profile-detail", args=[profile.pk])),
+        "api": operator_client.get("/api/profiles", **auth),
+        "export": operator_client.get("/api/profiles/export", **auth),
+    }
+    audit = json.dumps(list(AuditEntry.objects.values("before", "after")), default=str)
+    for where, text in [*((k, v.content.decode()) for k, v in shown.items()), ("audit", audit)]:
+        assert not [v for v in SECRET_ENV.values() if v in text], where
+        # Flags that merely mention tokens keep their values; the harmless variable shows.
+        assert "100000" in text and "/models/tok" in text and "false" in text, where
+        assert "--skip-tokenizer-init --" in text or '--skip-tokenizer-init"' in text, where
 
 
 def test_gpu_memory_matters(operator_client):

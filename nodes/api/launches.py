@@ -6,18 +6,18 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from kombu.exceptions import OperationalError
 from ninja import Query, Router, Schema, Status
 from ninja.errors import HttpError
-from redis.exceptions import RedisError
 
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
+from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
 from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.models import Launch
+from nodes.queue import enqueue
 from nodes.services import diagnoses, launches
-from nodes.tasks import stop_launch
+from nodes.services.teams import visible_launches
 
 router = Router(tags=["launches"])
 LOG_BATCH = 1000
@@ -37,16 +37,18 @@ def launch_json(launch: Launch) -> dict[str, Any]:
 
 
 @router.get("", response={200: list[LaunchOut], **READ_ERRORS})
+@paged
 def list_launches(request: HttpRequest, filters: Query[LaunchFilter]) -> Any:
-    rows = Launch.objects.select_related("node", "revision__profile")
+    """Launches, newest first, one page at a time."""
+    rows = visible_launches(request.user).select_related("node", "revision__profile")
     if filters.status:
         rows = rows.filter(status=filters.status)
     if filters.node:
         rows = rows.filter(node=named(filters.node))
-    return [launch_json(launch) for launch in rows[:200]]
+    return Rows(rows, launch_json)
 
 
-@router.post("", response={202: LaunchOut, **ERRORS}, auth=OperatorAuth())
+@router.post("", response={202: LaunchOut, 503: dict[str, str], **ERRORS}, auth=OperatorAuth())
 def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     """Launch a profile revision (``name@N``, or ``name`` for its latest) or a ``command`` line
     on ``node``; pre-flight runs on the node next (``status`` moves from ``pending``)."""
@@ -74,13 +76,13 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
 
 @router.get("/{launch_id}", response={200: LaunchOut, **READ_ERRORS})
 def get_launch(request: HttpRequest, launch_id: int) -> Any:
-    return launch_json(get_object_or_404(Launch, pk=launch_id))
+    return launch_json(get_object_or_404(visible_launches(request.user), pk=launch_id))
 
 
 @router.get("/{launch_id}/log", response={200: LogOut, **READ_ERRORS})
 def launch_log(request: HttpRequest, launch_id: int, after: int = 0) -> Any:
     """Stored log lines after sequence number ``after`` (at most 1,000 per call)."""
-    launch = get_object_or_404(Launch, pk=launch_id)
+    launch = get_object_or_404(visible_launches(request.user), pk=launch_id)
     rows = launch.lines.filter(seq__gt=max(after, 0)).values_list("seq", "text")[:LOG_BATCH]
     return {
         "lines": list(rows),
@@ -96,11 +98,8 @@ def launch_log(request: HttpRequest, launch_id: int, after: int = 0) -> Any:
 )
 def stop(request: HttpRequest, launch_id: int) -> Any:
     require(request, Role.OPERATOR)
-    launch = get_object_or_404(Launch, pk=launch_id)
+    launch = get_object_or_404(visible_launches(request.user), pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         return Status(202, {"detail": f"launch #{launch.pk} already ended ({launch.status})"})
-    try:
-        stop_launch.delay(launch.pk, request.user.pk)
-    except (OperationalError, RedisError):
-        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was stopped"})
+    enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
     return Status(202, {"detail": f"stopping launch #{launch.pk}", "id": launch.pk})

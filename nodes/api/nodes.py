@@ -6,19 +6,18 @@ from typing import Any
 
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
-from kombu.exceptions import OperationalError
 from ninja import Router, Status
 from ninja.errors import HttpError
-from redis.exceptions import RedisError
 
 from nodes import ssh
 from nodes.api.auth import OperatorAuth, require
+from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, Error, NodeOut
 from nodes.audit import record
 from nodes.choices import Role
-from nodes.models import Launch, Node
-from nodes.services import cleanup
-from nodes.tasks import cleanup_gpus, discover_node
+from nodes.models import Node
+from nodes.queue import enqueue
+from nodes.services import cleanup, teams
 
 router = Router(tags=["nodes"])
 
@@ -53,8 +52,10 @@ def named(name: str) -> Node:
 
 
 @router.get("", response={200: list[NodeOut], **READ_ERRORS})
+@paged
 def list_nodes(request: HttpRequest) -> Any:
-    return [node_json(n) for n in Node.objects.prefetch_related("gpus")]
+    """Nodes by name, one page at a time."""
+    return Rows(Node.objects.prefetch_related("gpus"), node_json)
 
 
 @router.get("/{name}", response={200: NodeOut, **READ_ERRORS})
@@ -71,23 +72,27 @@ def discover(request: HttpRequest, name: str) -> Any:
     node = named(name)
     if not node.host_key:
         raise HttpError(400, f"trust {node.name}'s host key first")
-    try:
-        task = discover_node.delay(node.pk)
-    except (OperationalError, RedisError):
-        raise HttpError(503, "the task queue (Redis) is unreachable") from None
+    task = enqueue("nodes.discover_node", node.pk)
     record("node.discover", actor=request.user, obj=node, request=request)
     return Status(202, {"detail": f"discovery of {node.name} queued", "id": task.id})
 
 
-@router.get("/{name}/gpus", response={200: dict[str, Any], 409: Error, **READ_ERRORS})
+@router.get(
+    "/{name}/gpus", response={200: dict[str, Any], 409: Error, **ERRORS}, auth=OperatorAuth()
+)
 def gpu_holders(request: HttpRequest, name: str) -> Any:
     """The node's GPUs now: state (free/held/quarantined), memory, holders, host memory.
-    409 when the node cannot be read (unreachable, host key not trusted)."""
+    A holder of another team's team-only launch shows ``team_only`` and neither its launch nor
+    its command. 409 when the node cannot be read (unreachable, host key not trusted). It runs
+    on the node, so it needs an operator's token (403 for a viewer's)."""
+    require(request, Role.OPERATOR)
     node = named(name)
     try:
-        return cleanup.inspect(node).to_json()
+        inspection = cleanup.inspect(node)
     except ssh.RemoteError as exc:
         return Status(409, {"detail": f"{node.name} did not answer: {exc.message}"})
+    teams.mask_holders(request.user, inspection.holders)
+    return inspection.to_json()
 
 
 @router.post(
@@ -100,7 +105,7 @@ def run_cleanup(request: HttpRequest, name: str, body: CleanupIn) -> Any:
     node = named(name)
     launch = None
     if body.launch is not None:
-        launch = Launch.objects.filter(pk=body.launch).first()
+        launch = teams.visible_launches(request.user).filter(pk=body.launch).first()
         if launch is None:
             raise HttpError(404, f"no launch #{body.launch}")
     if any(not 2 <= p <= 2**22 for p in body.include_foreign):
@@ -115,9 +120,5 @@ def run_cleanup(request: HttpRequest, name: str, body: CleanupIn) -> Any:
         )
     except cleanup.CleanupError as exc:
         raise HttpError(400, str(exc)) from None
-    try:
-        cleanup_gpus.delay(job.pk)
-    except (OperationalError, RedisError):
-        job.delete()
-        return Status(503, {"detail": "the task queue (Redis) is unreachable; nothing was done"})
+    cleanup.queue(job)  # QueueUnavailable: 503 (the middleware), the cleanup ended as error
     return Status(202, {"detail": f"cleanup #{job.pk} queued", "id": job.pk})

@@ -11,15 +11,14 @@ from ninja.errors import HttpError
 
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
+from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
 from nodes.audit import record
 from nodes.choices import Role
-from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport
-from nodes.domain.sglang_flags import parse_command
-from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node
-from nodes.services import exchange, profiles
+from nodes.roles import has_role
+from nodes.services import exchange, profiles, teams
 from nodes.services.teams import visible_profiles
 
 router = Router(tags=["profiles"])
@@ -32,8 +31,10 @@ def profile_json(p: LaunchProfile) -> dict[str, Any]:
 
 
 @router.get("", response={200: list[ProfileOut], **READ_ERRORS})
+@paged
 def list_profiles(request: HttpRequest) -> Any:
-    return [profile_json(p) for p in visible_profiles(request.user).filter(adhoc=False)]
+    """Profiles you may see, by name, one page at a time."""
+    return Rows(visible_profiles(request.user).filter(adhoc=False), profile_json)
 
 
 @router.get("/export", response={200: dict[str, Any], **READ_ERRORS})
@@ -49,12 +50,11 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
     """An export brought in: every revision validated first; existing equal revisions are
     skipped, different ones reported as conflicts and left alone."""
     require(request, Role.OPERATOR)
-    mine = visible_profiles(request.user)
     try:
         report = exchange.import_(
             doc,
             author=request.user.get_username(),
-            writable=lambda p: mine.filter(pk=p.pk).exists(),
+            writable=lambda p: teams.may_write(request.user, p),
         )
     except exchange.ImportRefused as exc:
         raise HttpError(400, str(exc)) from None
@@ -64,8 +64,10 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
 
 @router.post("/validate", response={200: BudgetOut, **ERRORS})
 def validate(request: HttpRequest, body: ValidateIn) -> Any:
-    """The memory budget of ``args`` on ``node``, with its arithmetic; nothing is saved."""
-    return _budget(_check(named(body.node), body.args, body.env))
+    """The memory budget of ``args`` on ``node``, with its arithmetic; nothing is saved. The
+    model is read on the node for an operator's token only (a viewer's budget goes without)."""
+    operator = has_role(request.user, Role.OPERATOR)
+    return _budget(_check(named(body.node), body.args, body.env, read_node=operator))
 
 
 @router.get("/{name}", response={200: ProfileOut, **READ_ERRORS})
@@ -75,13 +77,12 @@ def get_profile(request: HttpRequest, name: str) -> Any:
     return profile_json(get_object_or_404(visible_profiles(request.user), name=name, adhoc=False))
 
 
-def _check(node: Node, args: list[str], env: dict[str, str]) -> BudgetReport:
-    version = table(node.sglang_version or profiles.DEFAULT_VERSION)
-    flags = parse_command(args, version)
-    refused = [i for i in flags.issues if i.code in ("unknown", "invalid")]
-    if refused:
-        raise HttpError(400, f"SGLang {version.version} refuses it: {refused[0].message}")
-    model = profiles.model_facts(node, str(flags.get("model_path", default="") or ""))
+def _check(
+    node: Node, args: list[str], env: dict[str, str], *, read_node: bool = True
+) -> BudgetReport:
+    if problem := profiles.input_problem(node, args, env):
+        raise HttpError(400, problem)
+    model = profiles.model_of(node, args, read_node=read_node)
     return profiles.evaluate(args, node, model, env=env)
 
 
@@ -99,31 +100,19 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
     """Save the next revision of profile ``name`` (made if new) after checking it on ``node``:
     400 with the budget when it is blocked, or warns and ``acknowledge_warnings`` is false."""
     require(request, Role.OPERATOR)
-    if problem := rules.check_node_name(name):
-        raise HttpError(400, f"profile name: {problem}")
-    existing = LaunchProfile.objects.filter(name=name).first()
-    if existing is not None and existing.adhoc:
-        raise HttpError(400, f"{name} is an ad-hoc profile of a launch")
-    if existing is not None and not visible_profiles(request.user).filter(pk=existing.pk).exists():
-        raise HttpError(404, "no such profile")  # a team's own profile: others cannot write to it
-    bad = [k for k in body.env if not k.isidentifier() or not k.isascii()]
-    if bad:
-        raise HttpError(400, f"env: {bad[0]!r} is not a variable name")
-    node = named(body.node)
-    report = _check(node, body.args, body.env)
-    if report.verdict == "block" or (report.verdict == "warn" and not body.acknowledge_warnings):
-        why = [m.text for m in report.messages if m.level in ("block", "warn")]
-        raise HttpError(400, f"{report.verdict}: {'; '.join(why)}")
-    model = profiles.model_of(node, body.args)
-    profiles.save_revision(
-        profile_name=name,
-        args=body.args,
-        env=body.env,
-        message=body.message,
-        node=node,
-        report=report,
-        model=model,
-        actor=request.user,
-        request=request,
-    )
+    try:
+        _, report = profiles.submit_revision(
+            profile_name=name,
+            node=named(body.node),
+            args=body.args,
+            env=body.env,
+            message=body.message,
+            actor=request.user,
+            acknowledged=body.acknowledge_warnings,
+            request=request,
+        )
+    except profiles.ProfileRefused as refused:
+        if refused.kind == "missing":
+            raise HttpError(404, "no such profile") from None
+        raise HttpError(400, refused.reason) from None
     return Status(201, _budget(report))

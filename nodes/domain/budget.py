@@ -16,11 +16,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from packaging.version import Version
+
 from nodes.domain.checkpoint import HeaderError
 from nodes.domain.checkpoint import per_rank as from_headers
 from nodes.domain.geometry import ModelGeometry, kv_bytes_per_token, kv_elem_bytes
 from nodes.domain.gpu_overhead import overhead_bytes
-from nodes.domain.sglang_flags import ParsedCommand, version_key
+from nodes.domain.sglang_flags import ParsedCommand, sglang_version
 from nodes.domain.units import GB, GiB, format_bytes
 from nodes.domain.weights import per_rank as weights_per_rank
 
@@ -117,6 +119,14 @@ def default_mem_fraction(gpu_bytes: int, tp: int, pp: int) -> float:
     return round((gpu - reserve) / gpu, 3)
 
 
+# Where SGLang's behaviour changed (§2, §1d), compared as pip orders versions (PEP 440): "up to
+# 0.5.18" is "before 0.5.19", so 0.5.18.post1 keeps 0.5.18's rules and 0.5.19rc0, which comes
+# before 0.5.19, keeps them too.
+V0_5_6 = Version("0.5.6")  # the host pool gets one token more (§2)
+V0_5_13 = Version("0.5.13")  # no longer asserts host pool > device pool (§1d)
+V0_5_19 = Version("0.5.19")  # checks host memory for all ranks on the host, not per rank (§2)
+V0_5_21 = Version("0.5.21")  # sizes the host pool itself without --hicache-size/-ratio (§2)
+
 #: --hicache-ratio's default: 2.0 in every version (0.5.18+ resolves its None to 2.0), §1d.
 DEFAULT_HICACHE_RATIO = 2.0
 
@@ -140,7 +150,10 @@ def check(
     bytes) replace the estimates of the same name. Returns a ``BudgetReport``.
     """
     report = BudgetReport()
-    vkey = version_key(version)
+    try:
+        vkey = sglang_version(version)
+    except ValueError:
+        vkey = Version("0")  # unreadable: the oldest rules, as for the oldest flag table
     for issue in flags.issues:
         report.add("block", f"flag_{issue.code}", issue.message)
     if not flags.values:
@@ -189,7 +202,7 @@ def _implausible(flags: ParsedCommand, node: NodeMemory) -> list[str]:
     return problems
 
 
-def _ranks(flags: ParsedCommand, report: BudgetReport, vkey: tuple[int, ...]) -> int | None:
+def _ranks(flags: ParsedCommand, report: BudgetReport, vkey: Version) -> int | None:
     tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
     pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
     nnodes = int(flags.get("nnodes", default=1))
@@ -529,7 +542,7 @@ def _host_pool(
     device: _Device,
     ranks: int,
     report: BudgetReport,
-    vkey: tuple[int, ...],
+    vkey: Version,
     os_headroom: int,
 ) -> None:
     offload = int(flags.get("cpu_offload_gb", default=0) or 0) * GB
@@ -549,7 +562,7 @@ def _host_pool(
     if flags.get("enable_hierarchical_cache", default=False):
         if size_gb > 0:
             if device.cell:
-                host_tokens = size_gb * GB // device.cell + (0 if vkey <= (0, 5, 5) else 1)
+                host_tokens = size_gb * GB // device.cell + (0 if vkey < V0_5_6 else 1)
                 per_rank = host_tokens * device.cell
             else:
                 per_rank = size_gb * GB
@@ -557,7 +570,7 @@ def _host_pool(
                 f"Host pool per rank: --hicache-size {size_gb} = {size_gb} GB (10^9 bytes) per "
                 f"rank → {format_bytes(per_rank, 'GB', places=2)}"
             )
-        elif vkey >= (0, 5, 21) and not ratio_given:
+        elif vkey >= V0_5_21 and not ratio_given:
             budget = _host_budget(node, os_headroom, BudgetReport())
             if budget is not None and budget <= 0:
                 report.add(
@@ -593,7 +606,7 @@ def _host_pool(
                 f"{format_bytes(per_rank, 'GB', places=2)}"
             )
         if (
-            vkey <= (0, 5, 12)
+            vkey < V0_5_13
             and host_tokens is not None
             and device.tokens
             and host_tokens <= device.tokens
@@ -601,7 +614,7 @@ def _host_pool(
             report.add(
                 "block",
                 "host_not_larger",
-                f"SGLang {'.'.join(map(str, vkey))} requires the host pool to hold more tokens "
+                f"SGLang {vkey} requires the host pool to hold more tokens "
                 f"than the device pool ({host_tokens:,} ≤ {device.tokens:,}); it asserts at start",
             )
     per_rank = (per_rank or 0) + offload
@@ -629,11 +642,11 @@ def _host_pool(
             "growth under load has OOM-killed servers that fitted at start",
         )
     _fit_protocol(flags, report, device, vkey, size_gb)
-    if flags.get("enable_hierarchical_cache", default=False) and ranks > 1 and vkey <= (0, 5, 18):
+    if flags.get("enable_hierarchical_cache", default=False) and ranks > 1 and vkey < V0_5_19:
         report.add(
             "warn",
             "per_rank_check",
-            f"SGLang {'.'.join(map(str, vkey))} checks host memory in each rank alone: its own "
+            f"SGLang {vkey} checks host memory in each rank alone: its own "
             "check does not protect this node from the total above",
         )
 
@@ -642,12 +655,12 @@ def _fit_protocol(
     flags: ParsedCommand,
     report: BudgetReport,
     device: _Device,
-    vkey: tuple[int, ...],
+    vkey: Version,
     size_gb: int,
 ) -> None:
     """Up to 0.5.12 the host pool must hold more tokens than the device pool (§1d): make sure the
     suggested --hicache-size does, lowering mem-fraction-static when no size fits the budget."""
-    if not flags.get("enable_hierarchical_cache", default=False) or vkey > (0, 5, 12):
+    if not flags.get("enable_hierarchical_cache", default=False) or vkey >= V0_5_13:
         return
     if not device.tokens or not device.cell or device.pre is None or device.weights is None:
         return
@@ -668,7 +681,7 @@ def _fit_protocol(
         report.add(
             "info",
             "host_fix",
-            f"SGLang {'.'.join(map(str, vkey))} needs the host pool larger than the device pool "
+            f"SGLang {vkey} needs the host pool larger than the device pool "
             f"({format_bytes(device.kv_bytes or 0, 'GB', places=2)} per rank): use at least "
             f"--hicache-size {minimum}.",
         )
@@ -682,7 +695,7 @@ def _fit_protocol(
         f"At this mem-fraction-static the device pool "
         f"({format_bytes(device.kv_bytes or 0, 'GB', places=2)} per rank) is larger than any "
         f"host pool the node can pin, and SGLang "
-        f"{'.'.join(map(str, vkey))} needs the host pool larger: use --hicache-size {wanted} with "
+        f"{vkey} needs the host pool larger: use --hicache-size {wanted} with "
         f"--mem-fraction-static {mfs} or lower.",
     )
 

@@ -39,6 +39,8 @@ class Holder:
     launch_id: int | None = None
     seen_by: list[str] = field(default_factory=list)  # "nvml", "device files", "launch group"
     start: int | None = None  # start time in clock ticks: with the PID, which process it is
+    # A launch of a team-only profile the reader is not in: no launch id, no command shown.
+    team_only: bool = False
 
     @property
     def target(self) -> str:
@@ -53,6 +55,7 @@ class Holder:
             "state": self.state,
             "command": self.command,
             "launch_id": self.launch_id,
+            "team_only": self.team_only,
         }
 
 

@@ -32,10 +32,12 @@ CHECK_NAMES: tuple[str, ...] = (
     "ports_free",
     "model_path",
     "shm",
+    "environment",
 )
-#: Checks no override can pass: two launches never share GPUs or ports, and a quarantined GPU
-#: holds memory no process owns until the node is rebooted.
-NOT_OVERRIDABLE = frozenset({"reservation", "quarantine"})
+#: Checks no override can pass: two launches never share GPUs or ports, a quarantined GPU
+#: holds memory no process owns until the node is rebooted, and a variable the environment
+#: policy refuses would run code the command does not show (an admin allows it per node).
+NOT_OVERRIDABLE = frozenset({"reservation", "quarantine", "environment"})
 
 
 class PlanError(ValueError):
@@ -171,6 +173,13 @@ def launch_env(env: dict[str, str], gpus: Sequence[int]) -> dict[str, str]:
     """The server's environment: the profile's, with CUDA_VISIBLE_DEVICES set to the GPUs
     reserved (SGLang numbers its ranks' devices from 0 inside that list)."""
     return {**env, "CUDA_VISIBLE_DEVICES": ",".join(str(g) for g in gpus)}
+
+
+def check_environment(refusals: Sequence[str]) -> Check:
+    """The environment policy's word on the launch's variables (``env_policy.refusals``)."""
+    if refusals:
+        return Check("environment", False, "; ".join(refusals))
+    return Check("environment", True, "no variable the environment policy refuses")
 
 
 def check_budget(report: BudgetReport) -> Check:

@@ -47,7 +47,7 @@ def diff(
             else "changed"
         )
         name = names.get(dest, dest)
-        if is_secret_flag(name):
+        if is_secret_flag(name, table):
             before, after = (MASK if v is not None else None for v in (before, after))
         changes.append(Change(name, kind, before, after))
     shown_a, shown_b = redact_env(dict(env_a or {})), redact_env(dict(env_b or {}))

@@ -16,6 +16,10 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.version import VERSION_PATTERN, InvalidVersion, Version
+
+from nodes.domain.env_policy import check_name
+
 KNOWN_TABLES = ("0.4.10.post2", "0.5.2", "0.5.9", "0.5.23")
 # Flags removed between versions, and what replaced them (shared/reference/sglang.md §7).
 REPLACEMENTS = {
@@ -113,24 +117,39 @@ def _literal(text: str) -> Any:
         return text
 
 
-#: What an SGLang version string looks like (``0.5.9``, ``0.4.10.post2``, ``0.5.0rc1``): text
-#: from elsewhere (a bundle, an import) is checked against it before it is parsed as one.
-VERSION_TEXT = re.compile(r"\d{1,4}(?:\.\d{1,6}){0,3}(?:[.+-]?[A-Za-z][A-Za-z0-9]{0,15}){0,3}")
+#: What an SGLang version string looks like: a PEP 440 version (``0.5.9``, ``0.4.10.post2``,
+#: ``0.5.0rc1``, ``0.5.9+cu124``) of at most 32 characters (the column's width). Text from
+#: elsewhere (a bundle, an import) is checked against it (``fullmatch``) before it is used.
+VERSION_TEXT = re.compile(r"(?=.{1,32}\Z)" + VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
 
 
-def version_key(version: str) -> tuple[int, ...]:
-    """``"0.5.9"`` → ``(0, 5, 9)``; ``"0.4.10.post2"`` → ``(0, 4, 10)``."""
-    parts = []
-    for piece in version.split(".")[:3]:
-        digits = "".join(c for c in piece if c.isdigit())
-        parts.append(int(digits) if digits else 0)
-    return tuple(parts)
+def sglang_version(text: str) -> Version:
+    """``"0.5.9rc0"`` → ``Version("0.5.9rc0")``, ordered as pip orders releases (PEP 440): a
+    pre-release or dev release of X comes before X, a post-release or local build after it.
+
+    Text that is not PEP 440 (``0.5.9-custom``, a node's odd build) is read by its leading
+    release numbers; raises ``ValueError`` when it has none.
+    """
+    try:
+        return Version(text)
+    except InvalidVersion:
+        release = re.match(r"\d{1,9}(?:\.\d{1,9}){0,3}", text.strip())
+        if release is None:
+            raise ValueError(f"{text[:32]!r} is not a version") from None
+        return Version(release[0])
 
 
 def table_for(version: str) -> str:
-    """The newest table no newer than ``version`` (oldest table for older versions)."""
-    wanted = version_key(version)
-    eligible = [v for v in KNOWN_TABLES if version_key(v) <= wanted]
+    """The newest table no newer than ``version`` (oldest table for older versions).
+
+    So ``0.5.9rc0`` gets 0.5.2's table (its release candidate may lack what 0.5.9 added) and
+    ``0.5.23.post1`` or ``0.5.9+cu124`` the release's own; unreadable text gets the oldest.
+    """
+    try:
+        wanted = sglang_version(version)
+    except ValueError:
+        return KNOWN_TABLES[0]
+    eligible = [v for v in KNOWN_TABLES if Version(v) <= wanted]
     return eligible[-1] if eligible else KNOWN_TABLES[0]
 
 
@@ -195,9 +214,12 @@ def build_parser(table: FlagTable) -> argparse.ArgumentParser:
 def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
     """A pasted launch command → (flags after the launcher, leading ``VAR=value`` settings).
 
-    Accepts ``python3 -m sglang.launch_server …``, ``sglang serve …`` or bare flags, after
-    ``VAR=value`` or ``export VAR=value`` settings; raises ``ValueError`` for unbalanced quotes
-    and for anything else before the launcher (``cd /x &&``, ``sudo``), which would not run.
+    Accepts ``python3 -m sglang.launch_server …`` (with the interpreter options of
+    ``PYTHON_OPTIONS``), ``sglang serve …`` or bare flags, after ``VAR=value`` or
+    ``export VAR=value`` settings; raises ``ValueError`` for unbalanced quotes, for any other
+    interpreter option (``-c CODE``, ``-W …``, ``-X …``), for a variable name
+    ``env_policy.check_name`` refuses, and for anything else before the
+    launcher (``cd /x &&``, ``sudo``), which would not be run as pasted.
     """
     words = shlex.split(command.replace("\\\n", " ")) if isinstance(command, str) else list(command)
     env: dict[str, str] = {}
@@ -208,11 +230,22 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
         if word == "export":
             continue
         key, _, value = word.partition("=")
+        if problem := check_name(key):  # a shell would run ``ÄÖ=1`` as a command, not set it
+            raise ValueError(problem)
         env[key] = value
+    if (
+        words
+        and PYTHON.fullmatch(words[0].rsplit("/", 1)[-1])
+        and any(w.endswith(LAUNCHERS[0][1]) for w in words)
+    ):
+        # The interpreter's options are read one by one only when it is to run SGLang's
+        # server; another program's command (``python -m vllm…`` in a bundle) falls through
+        # as it is: its words are no SGLang flags, which a profile refuses anyway.
+        return words[_after_python_options(words) :], env
     for launcher in LAUNCHERS:
         for i in range(len(words) - len(launcher) + 1):
             if words[i : i + len(launcher)] == launcher:
-                if not _runs_launcher(words[:i], launcher):
+                if i:
                     raise ValueError(
                         f"{shlex.join(words[:i])[:80]!r} before the launcher would not be run; "
                         "paste only VAR=value settings and the command"
@@ -221,16 +254,71 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
     return words, env
 
 
-def _runs_launcher(prefix: list[str], launcher: list[str]) -> bool:
-    """Only an interpreter (``python3``, ``/opt/venv/bin/python``, with its own ``-X`` style
-    options) may stand before ``-m sglang.launch_server``; nothing before ``sglang serve``."""
-    if launcher[0] != "-m":
-        return not prefix
-    return (
-        bool(prefix)
-        and re.fullmatch(r"python[0-9.]*", prefix[0].rsplit("/", 1)[-1]) is not None
-        and all(word.startswith("-") for word in prefix[1:])
-    )
+PYTHON = re.compile(r"python[0-9.]*")
+#: Interpreter options allowed before ``-m sglang.launch_server``: they only change output
+#: buffering, .pyc writing, or make Python ignore the node's PYTHON* variables and user
+#: site-packages; none runs, imports or writes anything the operator did not ask for, and none
+#: changes how SGLang reads its flags. Everything else is refused: ``-c`` runs its own code
+#: instead of the server, ``-W`` filters and ``-X`` options can import modules or write files,
+#: ``-O`` strips the assertions SGLang checks its memory with, ``-i``/``-h``/``-V`` never start
+#: the server.
+PYTHON_OPTIONS = {
+    "u": "unbuffered output",
+    "B": "no .pyc files",
+    "E": "ignore PYTHON* variables",
+    "s": "no user site-packages",
+    "I": "isolated mode",
+    "P": "no unsafe sys.path entry",
+}
+PYTHON_X_OPTIONS = ("faulthandler", "utf8", "utf8=0", "utf8=1")
+_PYTHON_REFUSALS = {
+    "c": "-c runs the code given after it, not the server",
+    "W": "-W warning filters can import any module",
+}
+
+
+def _after_python_options(words: list[str]) -> int:
+    """Where SGLang's flags start in ``python3 [OPTIONS] -m sglang.launch_server FLAGS``, read
+    as CPython reads its options (grouped letters ``-uB``, glued values ``-msglang…``, ``-X``
+    taking the next word); raises ``ValueError`` naming the first refused word."""
+    allowed = " ".join(f"-{o}" for o in PYTHON_OPTIONS) + ", -X faulthandler, -X utf8"
+    i = 1
+    while i < len(words):
+        word = words[i]
+        if word.startswith("--") and word != "--":
+            raise ValueError(
+                f"the interpreter option {word[:40]} is refused (allowed before -m "
+                f"sglang.launch_server: {allowed})"
+            )
+        if not word.startswith("-") or word in ("-", "--"):
+            raise ValueError(f"python would run {word[:40]!r} instead of -m sglang.launch_server")
+        for j, letter in enumerate(word[1:], start=1):
+            if letter in PYTHON_OPTIONS:
+                continue
+            if letter not in "mXcW":
+                raise ValueError(
+                    f"the interpreter option -{letter} is refused (allowed before -m "
+                    f"sglang.launch_server: {allowed})"
+                )
+            value = word[j + 1 :]
+            if not value:
+                i += 1
+                value = words[i] if i < len(words) else ""
+            if letter == "m":
+                if value != "sglang.launch_server":
+                    raise ValueError(
+                        f"-m {value[:40]} is not SGLang's server: use -m sglang.launch_server"
+                    )
+                return i + 1
+            if letter == "X" and value in PYTHON_X_OPTIONS:
+                break
+            reason = _PYTHON_REFUSALS.get(letter, "-X options can import modules or write files")
+            raise ValueError(
+                f"the interpreter option -{letter} {value[:40]!r} is refused: {reason} "
+                f"(allowed before -m sglang.launch_server: {allowed})"
+            )
+        i += 1
+    raise ValueError("the interpreter is not given -m sglang.launch_server")
 
 
 def parse_command(argv: list[str], table: FlagTable) -> ParsedCommand:
@@ -284,7 +372,34 @@ def parse_command(argv: list[str], table: FlagTable) -> ParsedCommand:
         )
     if "model_path" not in result.given:
         result.issues.append(FlagIssue("invalid", "--model-path", "--model-path is required"))
+    result.issues += _port_issues(result.values, table)
     return result
+
+
+def is_port_flag(spec: FlagSpec) -> bool:
+    """Flags that name TCP ports, read from the table: ``--port`` and every dest ending in
+    ``_port`` (``--nccl-port``, ``--grpc-port``…) or ``_ports`` (a JSON list of ports)."""
+    return spec.dest == "port" or spec.dest.endswith(("_port", "_ports"))
+
+
+def _port_issues(values: dict[str, Any], table: FlagTable) -> list[FlagIssue]:
+    """SGLang takes any integer for a port and fails only when it binds; refuse at once what no
+    TCP server can listen on (0, negatives, above 65535)."""
+    issues = []
+    for spec in table.flags:
+        value = values.get(spec.dest)
+        if value is None or not is_port_flag(spec):
+            continue
+        for port in value if isinstance(value, list) else [value]:
+            number = port if isinstance(port, int) and not isinstance(port, bool) else None
+            if number is None and isinstance(port, str) and port.isdigit():
+                number = int(port)
+            if number is None or not 1 <= number <= 65535:
+                flag = spec.options[0]
+                text = f"{flag} {str(port)[:20]} is not a TCP port (1–65535)"
+                issues.append(FlagIssue("invalid", flag, text))
+                break
+    return issues
 
 
 def _mentions(argv: list[str], option: str) -> bool:

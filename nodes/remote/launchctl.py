@@ -10,12 +10,17 @@ session, made by ``setsid``), ``server.log`` (stdout and stderr) and, once it en
 
 Commands (each prints one JSON document):
   start DIR PYTHON      start the server from the JSON request on stdin (``args``, ``env``,
-                        ``shown_command``, ``shown_env``, ``launch_id``); adopts instead when
-                        DIR/pid exists
+                        ``shown_command``, ``shown_env``, ``launch_id``, ``run_as``); adopts
+                        instead when DIR/pid exists
   status DIR            pid, pgid, exit status, log size, live members of the process group
   stop DIR GRACE WAIT   SIGTERM the group, wait GRACE s, SIGKILL, wait WAIT s; what remains
   snapshot DIR          meminfo, the group's processes with states, kernel OOM lines, ports
   preflight MODEL PORT… listening ports among PORT…, MODEL/config.json, /dev/shm size
+With ``run_as`` (a user name; empty: the SSH user) the server runs as that user: the supervisor
+(still the SSH user, root) opens ``server.log`` and changes into ``DIR/work`` (owned by the user)
+before it drops to the user's uid, gid and groups, so the log streams as before and the control
+files (``pid``, ``pgid``…), which root acts on, stay out of the server's reach.
+
 Stdlib only, Python 3.7+.
 """
 
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -118,22 +124,51 @@ def status(folder: str) -> dict[str, Any]:
     }
 
 
+def _account(name: str) -> Any:
+    """The node's account ``name`` to run the server as; exits with the reason when unusable."""
+    try:
+        account = pwd.getpwnam(name)
+    except KeyError:
+        raise SystemExit(f"cannot run servers as {name!r}: no such user on this node") from None
+    if account.pw_uid != os.geteuid() and os.geteuid() != 0:
+        raise SystemExit(
+            f"cannot run servers as {name!r}: the SSH user is not root, so it cannot switch user"
+        )
+    return account
+
+
+def _become(account: Any) -> Any:
+    """A ``preexec_fn`` that drops the child to ``account`` (groups, then gid, then uid)."""
+
+    def drop() -> None:
+        os.initgroups(account.pw_name, account.pw_gid)
+        os.setgid(account.pw_gid)
+        os.setuid(account.pw_uid)
+
+    return drop
+
+
 def start(folder: str, python: str) -> dict[str, Any]:
     if _read(folder, "pid") is not None:
         return dict(status(folder), adopted=True)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
     request = json.load(sys.stdin)
+    account = _account(request["run_as"]) if request.get("run_as") else None
+    if account is not None and account.pw_uid == os.geteuid():
+        account = None  # already that user
+    os.makedirs(folder, mode=0o700, exist_ok=True)
     _write(folder, "command", request["shown_command"])
     _write(folder, "env", json.dumps(request["shown_env"], indent=1, sort_keys=True))
     _write(folder, "launch_id", str(request["launch_id"]))
     env = dict(os.environ)
+    if account is not None:
+        env.update(HOME=account.pw_dir, USER=account.pw_name, LOGNAME=account.pw_name)
     env.update(request["env"])
     env["PYTHONUNBUFFERED"] = "1"
     env["RANKWISE_LAUNCH_ID"] = str(request["launch_id"])
     read_fd, write_fd = os.pipe()
     if os.fork() == 0:
         os.close(read_fd)
-        _supervise(folder, python, request["args"], env, write_fd)
+        _supervise(folder, python, request["args"], env, write_fd, account)
         os._exit(0)
     os.close(write_fd)
     with os.fdopen(read_fd) as handle:
@@ -141,8 +176,11 @@ def start(folder: str, python: str) -> dict[str, Any]:
     return dict(status(folder), adopted=False)
 
 
-def _supervise(folder: str, python: str, args: list[str], env: dict[str, str], ready: int) -> None:
-    """The session leader: starts the server, records pid/pgid, waits, records the exit."""
+def _supervise(
+    folder: str, python: str, args: list[str], env: dict[str, str], ready: int, account: Any
+) -> None:
+    """The session leader: starts the server (as ``account`` if given), records pid/pgid,
+    waits, records the exit."""
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -153,11 +191,24 @@ def _supervise(folder: str, python: str, args: list[str], env: dict[str, str], r
     signal.signal(signal.SIGHUP, lambda *_: None)
     log = os.open(_path(folder, "server.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     argv = [python, "-m", "sglang.launch_server", *args]
+    cwd, drop = folder, None
+    if account is not None:
+        cwd = _path(folder, "work")
+        os.makedirs(cwd, mode=0o700, exist_ok=True)
+        os.chown(cwd, account.pw_uid, account.pw_gid)
+        drop = _become(account)
     try:
         server = subprocess.Popen(
-            argv, stdin=null, stdout=log, stderr=log, env=env, cwd=folder, close_fds=True
+            argv,
+            stdin=null,
+            stdout=log,
+            stderr=log,
+            env=env,
+            cwd=cwd,  # entered before the drop: the user needs no way through DIR's parents
+            close_fds=True,
+            preexec_fn=drop,  # the supervisor has a single thread: safe
         )
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         os.write(log, f"rankwise: cannot start {python}: {exc}\n".encode())
         _write(folder, "pgid", str(os.getpid()))
         _write(folder, "pid", "0")

@@ -7,7 +7,8 @@ shape, count], ...]}``: tensors are grouped by their name with layer and expert 
 by ``*`` (Kimi-K2 has about 200,000 tensors; a few hundred groups say the same). When ``STAMP``
 equals the folder's stamp (total size and newest mtime of its files), only
 ``{"unchanged": true, "stamp": ...}`` is printed: the panel keeps what it read before.
-``{"error": "..."}`` says what could not be read. Stdlib only (Python 3.7+).
+``{"problem": WORD}`` says what could not be read (``no-folder``, ``no-config``, ``denied``,
+``bad-config``, ``unreadable``). Stdlib only (Python 3.7+).
 """
 
 from __future__ import annotations
@@ -45,15 +46,35 @@ def header(file: str) -> dict[str, object]:
     return doc
 
 
+CONFIG_MAX = 4 * 1024 * 1024  # a config.json larger than this is no model's
+
+
 def main() -> None:
     path = sys.argv[1]
     known = sys.argv[2] if len(sys.argv) > 2 else ""
+    # A problem is answered as a word the panel turns into a sentence: no traceback, and no
+    # exception text about the node's files, leaves the node.
+    if not os.path.isdir(path):
+        print(json.dumps({"problem": "no-folder"}))
+        return
     try:
-        with open(os.path.join(path, "config.json")) as handle:
-            config = json.load(handle)
+        with open(os.path.join(path, "config.json"), "rb") as handle:
+            config = json.loads(handle.read(CONFIG_MAX).decode("utf-8"))
         names = sorted(os.listdir(path))
-    except (OSError, ValueError) as exc:
-        print(json.dumps({"error": f"{path}: {exc}"}))
+    except FileNotFoundError:
+        print(json.dumps({"problem": "no-config"}))
+        return
+    except PermissionError:
+        print(json.dumps({"problem": "denied"}))
+        return
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        print(json.dumps({"problem": "bad-config"}))
+        return
+    except OSError:
+        print(json.dumps({"problem": "unreadable"}))
+        return
+    if not isinstance(config, dict):
+        print(json.dumps({"problem": "bad-config"}))
         return
     weights = [n for n in names if n.endswith((".safetensors", ".bin", ".pt"))]
     now = stamp(path, weights + ["config.json"])

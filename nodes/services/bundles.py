@@ -10,7 +10,7 @@ import lzma
 import tarfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
@@ -21,21 +21,37 @@ from nodes.domain.bundle import (
     launch_facts,
     timeline_snapshots,
 )
-from nodes.domain.redact import redact_args, redact_env
+from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_values
 from nodes.models import Launch
 from nodes.services import launches
 
 MAX_LOG_BYTES = 256 * 2**20
+MAX_LOG_LINES = 2_000_000
 MAX_UPLOAD_LOG_BYTES = 64 * 2**20
+# A real server's failed start-up is a few thousand lines; the diagnosis reads every line
+# against every rule, so an upload's log is bounded in lines as well as bytes (a 64 MiB log of
+# newlines is 67 million lines).
+MAX_UPLOAD_LOG_LINES = 250_000
+READ_CHUNK = 1 << 20
 MAX_FACTS_BYTES = 16 * 2**20
 MAX_MEMBERS = 1000
 MAX_ARCHIVE_BYTES = 512 * 2**20
 
 
+def archived_log(launch: Launch) -> Iterator[bytes]:
+    """The launch's archived whole log (stored when lines were dropped from the database),
+    masked line by line as it is read: secret values of its revision and every secret the text
+    names. (Archives written before the follower masked them hold the node's raw log.)"""
+    revision = launch.revision
+    secrets = secret_values(list(revision.args), dict(revision.env or {}))
+    with gzip.GzipFile(fileobj=io.BytesIO(bytes(launch.log_archive or b""))) as raw:
+        yield from masked_lines(iter(lambda: raw.read(1 << 16), b""), secrets)
+
+
 def launch_log_text(launch: Launch) -> str:
-    """The launch's whole log as stored (the archive when lines were dropped)."""
+    """The launch's whole log as stored (the archive when lines were dropped), masked."""
     if launch.log_archive:
-        return gzip.decompress(bytes(launch.log_archive)).decode(errors="replace")
+        return b"".join(archived_log(launch)).decode(errors="replace")
     lines = launch.lines.order_by("seq").values_list("text", flat=True)
     return "".join(f"{text}\n" for text in lines.iterator(chunk_size=5000))
 
@@ -136,10 +152,15 @@ def read_bundle(path: str | Path) -> tuple[str, dict[str, object]]:
 
 def read_bundle_file(upload: IO[bytes] | Any) -> tuple[str, dict[str, object]]:
     """(launch.log text, facts) from an uploaded archive (a file object with ``name``); its log
-    may be at most ``MAX_UPLOAD_LOG_BYTES``. Raises ``BundleError``."""
+    may be at most ``MAX_UPLOAD_LOG_BYTES`` and ``MAX_UPLOAD_LOG_LINES`` lines, refused as soon
+    as the decompressed stream passes either. Raises ``BundleError``."""
     name = str(getattr(upload, "name", "bundle"))
     return _read_archive(
-        name, lambda: tarfile.open(fileobj=upload, mode="r:*"), "not ", MAX_UPLOAD_LOG_BYTES
+        name,
+        lambda: tarfile.open(fileobj=upload, mode="r:*"),
+        "not ",
+        MAX_UPLOAD_LOG_BYTES,
+        MAX_UPLOAD_LOG_LINES,
     )
 
 
@@ -148,6 +169,7 @@ def _read_archive(
     open_archive: Callable[[], tarfile.TarFile],
     what: str,
     max_log: int = MAX_LOG_BYTES,
+    max_lines: int = MAX_LOG_LINES,
 ) -> tuple[str, dict[str, object]]:
     """The two files of the one bundle folder in an archive, read as the archive streams by:
     at most ``MAX_MEMBERS`` entries and ``MAX_ARCHIVE_BYTES`` expanded, one of each file."""
@@ -172,7 +194,8 @@ def _read_archive(
                     raise BundleError(f"{base} is larger than {limit // 2**20} MiB")
                 handle = archive.extractfile(member)
                 folder = str(PurePosixPath(member.name).parent)
-                found[base] = (folder, handle.read() if handle else b"")
+                lines = max_lines if base == "launch.log" else None
+                found[base] = (folder, _read_bounded(handle, base, limit, lines))
     except (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError) as exc:
         reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if isinstance(exc, tarfile.ReadError) and "could not be opened" in str(exc):
@@ -182,6 +205,25 @@ def _read_archive(
     if len(folders) > 1:
         raise BundleError(f"{name}: launch.log and facts.json must be in the same folder")
     return _read(lambda base: found[base][1] if base in found else None)
+
+
+def _read_bounded(handle: IO[bytes] | None, base: str, limit: int, lines: int | None) -> bytes:
+    """The member's bytes, read in chunks as they decompress; ``BundleError`` as soon as more
+    than ``limit`` bytes or ``lines`` newlines came out (the header's size can lie)."""
+    if handle is None:
+        return b""
+    chunks: list[bytes] = []
+    size = newlines = 0
+    while chunk := handle.read(READ_CHUNK):
+        size += len(chunk)
+        if size > limit:
+            raise BundleError(f"{base} is larger than {limit // 2**20} MiB")
+        if lines is not None:
+            newlines += chunk.count(b"\n")
+            if newlines > lines:
+                raise BundleError(f"{base} has more than {lines:,} lines: not read")
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def _file(path: Path) -> bytes | None:

@@ -29,6 +29,7 @@ from nodes.choices import LAUNCH_ENDED
 from nodes.domain import gpu_holders as gh
 from nodes.domain.units import format_bytes
 from nodes.models import Cleanup, CleanupStep, GpuQuarantine, Launch, Node, NodeEvent, Reservation
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import diagnoses, discovery, teams
 from nodes.services.credentials import target_for
 
@@ -160,6 +161,16 @@ def request(
         foreign_pids=sorted(set(foreign_pids or [])),
         requested_by=actor.get_username() if actor.is_authenticated else "cli",
     )
+
+
+def queue(job: Cleanup) -> None:
+    """Hand a recorded cleanup to a worker. When the task queue is away the cleanup ends
+    ``error`` saying so (nothing ran) and ``QueueUnavailable`` is raised."""
+    try:
+        enqueue("nodes.cleanup_gpus", job.pk)
+    except QueueUnavailable as exc:
+        _end(job, Cleanup.Status.ERROR, f"not started: {exc}", None)
+        raise
 
 
 def _all_gpus(node: Node) -> list[int]:

@@ -9,6 +9,7 @@ from django.views.decorators.debug import sensitive_variables
 
 from nodes import secrets, ssh
 from nodes.audit import record
+from nodes.choices import NodeStatus
 from nodes.models import Node, SshCredential
 
 Actor = AbstractBaseUser | AnonymousUser
@@ -86,7 +87,17 @@ def delete_credential(
 
 
 def target_for(node: Node) -> ssh.Target:
-    """How to reach ``node``, with its key decrypted in memory for this use only."""
+    """How to reach ``node``, with its key decrypted in memory for this use only.
+
+    Raises ``ssh.RemoteError`` (``host_key_mismatch``) for a node whose host key changed: every
+    use of the node passes here, so a connection pooled before the change is never used again.
+    """
+    if node.status == NodeStatus.HOST_KEY_CHANGED:
+        raise ssh.RemoteError(
+            "host_key_mismatch",
+            f"{node.name} cannot be reached safely: {node.status_reason or 'its host key changed'}",
+            permanent=True,
+        )
     credential = node.credential
     try:
         return _target(node, credential)

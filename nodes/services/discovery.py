@@ -32,7 +32,7 @@ from nodes.domain.probe_parse import (
     parse_probe,
 )
 from nodes.models import Gpu, Node, NodeEvent
-from nodes.services import cleanup
+from nodes.services import cleanup, hostkeys
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -54,8 +54,12 @@ class Outcome:
 def probe(node: Node, *, live: bool = False, timeout: float = PROBE_TIMEOUT_S) -> NodeFacts:
     """Run the probe on ``node`` over SSH (a pooled connection) and parse what it printed.
 
-    The node's SGLang interpreter travels as one quoted argument. Raises ``ssh.RemoteError``.
+    A full probe (discovery, pre-flight) first checks the node's host key in a fresh handshake,
+    so nothing is learned from, or started on, a node whose key changed. The node's SGLang
+    interpreter travels as one quoted argument. Raises ``ssh.RemoteError``.
     """
+    if not live:
+        hostkeys.verify(node, timeout=min(timeout, ssh.CONNECT_TIMEOUT_S))
     argv = ["python3", "-"] + (["--live"] if live else []) + [node.sglang_python]
     target = target_for(node)
     with ssh.pool.session(target, timeout=min(timeout, ssh.CONNECT_TIMEOUT_S)) as client:
@@ -166,8 +170,12 @@ def save_live(node: Node, facts: NodeFacts) -> None:
 def save_unreachable(node: Node, error: ssh.RemoteError) -> None:
     """The node did not answer (or refused us): say so, keep last-seen as it was.
 
-    A node whose host key nobody trusted yet is not unreachable: it stays ``unknown``.
+    A node whose host key nobody trusted yet is not unreachable: it stays ``unknown``; one that
+    presents another key than the trusted one is marked ``host_key_changed``.
     """
+    if error.kind == "host_key_mismatch":
+        hostkeys.mark_changed(node, error)
+        return
     with transaction.atomic():
         _refresh_status(node)
         if node.status == NodeStatus.MAINTENANCE:
@@ -206,8 +214,13 @@ def _process_json(process: GpuProcess) -> dict[str, object]:
 
 def heartbeat_sweep(timeout: float = HEARTBEAT_TIMEOUT_S) -> list[Outcome]:
     """Probe every node at once (light probe), each bounded by ``timeout`` seconds; save all."""
-    # Nodes without a trusted host key are not contacted at all until an admin trusts one.
-    nodes = list(Node.objects.select_related("credential").exclude(host_key=""))
+    # Nodes without a trusted host key, or whose key changed, are not contacted at all until
+    # an admin trusts one.
+    nodes = list(
+        Node.objects.select_related("credential")
+        .exclude(host_key="")
+        .exclude(status=NodeStatus.HOST_KEY_CHANGED)
+    )
     if not nodes:
         return []
     started = time.monotonic()
@@ -237,6 +250,8 @@ def heartbeat_sweep(timeout: float = HEARTBEAT_TIMEOUT_S) -> list[Outcome]:
 
 def _probe_quietly(node: Node, timeout: float) -> Outcome:
     try:
+        # A fresh handshake each time: the pooled connection would not notice a changed key.
+        ssh.check_host_key(target_for(node), timeout=min(timeout, ssh.CONNECT_TIMEOUT_S))
         return Outcome(node.pk, probe(node, live=True, timeout=timeout), None)
     except ssh.RemoteError as exc:
         return Outcome(node.pk, None, exc)
@@ -275,6 +290,7 @@ def trust_host_key(
             host_key_fingerprint=fingerprint,
             offered_host_key="",
             offered_host_key_fingerprint="",
+            # A changed key is settled by trusting the new one: the node is contacted again.
             status=NodeStatus.UNKNOWN if node.status != NodeStatus.MAINTENANCE else node.status,
             status_reason="host key trusted; not discovered since",
         )

@@ -19,12 +19,13 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
+from nodes.domain.env_policy import check_name
 from nodes.domain.inventory import check_node_name
 from nodes.domain.redact import MASK, redact_args, redact_env
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command
 from nodes.flag_tables import table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
-from nodes.services.profiles import DEFAULT_VERSION
+from nodes.services.profiles import DEFAULT_VERSION, env_problems
 
 FORMAT = "rankwise-profiles/1"
 
@@ -111,9 +112,9 @@ def import_(
     """Bring an export in; raises ``ImportRefused`` (and saves nothing) for a document or a
     revision that cannot be read. A profile already here that ``writable`` refuses (another
     team's, an ad-hoc one) is reported as a conflict and left alone."""
-    profiles = _checked(doc)
-    report = ImportReport()
     nodes = {n.name: n for n in Node.objects.all()}
+    profiles = _checked(doc, nodes)
+    report = ImportReport()
     teams = {t.name: t for t in Team.objects.all()}
     missing_nodes: set[str] = set()
     with transaction.atomic():
@@ -216,9 +217,10 @@ def _when(text: Any) -> datetime | None:
 MAX_PROFILES, MAX_REVISIONS, MAX_STAMPS = 500, 2000, 100
 
 
-def _checked(doc: Any) -> list[dict[str, Any]]:
-    """The document's profiles, every field checked as the pages check it and each revision's
-    flags read by its version's parser; raises ``ImportRefused`` at the first problem."""
+def _checked(doc: Any, nodes: dict[str, Node]) -> list[dict[str, Any]]:
+    """The document's profiles, every field checked as the pages check it, each revision's
+    flags read by its version's parser and its environment by the policy of its node (the
+    base policy when that node is not here); raises ``ImportRefused`` at the first problem."""
     if not isinstance(doc, dict) or doc.get("format") != FORMAT:
         raise ImportRefused(f"not a {FORMAT} document")
     profiles = doc.get("profiles")
@@ -241,6 +243,8 @@ def _checked(doc: Any) -> list[dict[str, Any]]:
             raise ImportRefused(f"at most {MAX_REVISIONS} revisions per document")
         for r in p["revisions"]:
             _check_revision(p["name"], r)
+            if problems := env_problems(r["env"], nodes.get(r.get("node") or "")):
+                raise ImportRefused(f"{p['name']}@{r['number']}: {'; '.join(problems)}")
     return profiles
 
 
@@ -269,10 +273,12 @@ def _check_revision(name: str, r: Any) -> None:
         raise ImportRefused(f"{label}: args are longer than a command line can be")
     env = r.setdefault("env", {})
     if not isinstance(env, dict) or not all(
-        isinstance(k, str) and k.isidentifier() and k.isascii() and isinstance(v, str)
-        for k, v in env.items()
+        isinstance(k, str) and isinstance(v, str) for k, v in env.items()
     ):
         raise ImportRefused(f"{label}: env must map variable names to strings")
+    for key in env:
+        if problem := check_name(key):
+            raise ImportRefused(f"{label}: env: {problem}")
     for key, longest in (("message", 500), ("author", 150), ("node", 63), ("created", 40)):
         _text(r, key, label, longest)
     if r.get("verdict") not in (None, "ok", "warn", "block"):

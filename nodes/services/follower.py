@@ -9,9 +9,12 @@ the same bytes, and a new one continues exactly where the record ends.
 
 from __future__ import annotations
 
+import gzip
+import io
 import logging
 import secrets
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -21,14 +24,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.choices import LAUNCH_ENDED, LaunchStatus
+from nodes.choices import LAUNCH_ENDED, LaunchStatus, NodeStatus
 from nodes.domain import launch_plan as plan
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
-from nodes.domain.redact import mask_text, secret_values
+from nodes.domain.redact import mask_text, masked_lines, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
-from nodes.services import calibrations, diagnoses, launches, stamps, teams
+from nodes.services import calibrations, diagnoses, hostkeys, launches, stamps, teams
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)
@@ -113,7 +116,9 @@ class Follower:
             log.info("launch %s: %s unreachable: %s", launch.pk, launch.node.name, exc.message)
         away = now - self.down_since
         lost = away >= settings.RANKWISE_LOST_AFTER_SECONDS
-        if lost and launch.status not in LAUNCH_ENDED:  # noqa: SIM102 — the update decides
+        if exc.kind == "host_key_mismatch":
+            self._key_changed(launch, exc)
+        elif lost and launch.status not in LAUNCH_ENDED:  # noqa: SIM102 — the update decides
             if Launch.objects.filter(
                 pk=launch.pk,
                 status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
@@ -130,9 +135,29 @@ class Follower:
             raise LeaseLost
         time.sleep(min(5.0, 1.0 + away / 10))
 
+    def _key_changed(self, launch: Launch, exc: ssh.RemoteError) -> None:
+        """The node's host key changed: it cannot be reached safely, so nothing more is asked of
+        it; the launch keeps its status (it is not lost: nobody knows) and says why it is not
+        followed, until an admin trusts the new key."""
+        if launch.node.status != NodeStatus.HOST_KEY_CHANGED:
+            hostkeys.mark_changed(launch.node, exc)
+        Launch.objects.filter(pk=launch.pk).exclude(status__in=LAUNCH_ENDED).exclude(
+            reason=self._key_note(launch)
+        ).update(reason=self._key_note(launch))
+
+    @staticmethod
+    def _key_note(launch: Launch) -> str:
+        return (
+            f"{launch.node.name} cannot be reached safely (its host key changed): the launch is "
+            "left as it is, not followed, until an admin trusts the new key"
+        )
+
     def _back(self, launch: Launch) -> Launch:
         """The node answers again: a lost launch resumes the status it had."""
         self.down_since = None
+        Launch.objects.filter(pk=launch.pk, reason=self._key_note(launch)).update(
+            reason=f"{launch.node.name}'s new host key is trusted; following resumed"
+        )
         if launch.status == LaunchStatus.LOST:
             Launch.objects.filter(pk=launch.pk, status=LaunchStatus.LOST).update(
                 status=launch.resume_status or LaunchStatus.STARTING,
@@ -180,6 +205,9 @@ class Follower:
                     continue
                 next_beat = now + STATUS_EVERY_S
                 launch = self._beat()
+                if launch.node.status == NodeStatus.HOST_KEY_CHANGED:
+                    # This connection predates the change; nothing more goes over it.
+                    raise ssh.RemoteError("host_key_mismatch", launch.node.status_reason)
                 if launch.status != LaunchStatus.READY or now >= next_check:
                     next_check = now + STATUS_EVERY_READY_S
                     status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
@@ -259,12 +287,14 @@ class Follower:
         if not pieces:
             return
         size = sum(p.size for p in pieces)
-        texts = [mask_text(p.text, self.secrets) for p in pieces if p.text is not None]
+        raw = [p.text for p in pieces if p.text is not None]
+        texts = [mask_text(t, self.secrets) for t in raw]
         rows = [
             LaunchLogLine(launch_id=self.launch_id, seq=self.seq + i + 1, text=t)
             for i, t in enumerate(texts)
         ]
-        changed = any([advance(self.progress, t) for t in texts])
+        # Numbers are read from what the server wrote, not from the masked copy.
+        changed = any([advance(self.progress, t) for t in raw])
         with transaction.atomic():
             fields: dict[str, Any] = {
                 "log_offset": self.offset + size,
@@ -315,18 +345,21 @@ class Follower:
 
     def _archive(self, launch: Launch) -> None:
         """Keep the whole log with the launch, since the database kept only part of it."""
-        import gzip
-
+        # Masked line by line as it streams in: the node's file holds secrets in clear (the
+        # server prints its ServerArgs), the archive must not.
+        buffer = io.BytesIO()
         try:
-            with ssh.pool.session(target_for(launch.node)) as client:
+            with (
+                ssh.pool.session(target_for(launch.node)) as client,
+                gzip.GzipFile(fileobj=buffer, mode="wb") as archive,
+            ):
                 stream = ssh.stream(client, ["cat", f"{launch.remote_dir}/server.log"])
-                chunks = []
-                while (chunk := stream.read(30)) is not None:
-                    chunks.append(chunk)
+                for line in masked_lines(_chunks(stream), self.secrets):
+                    archive.write(line)
         except ssh.RemoteError as exc:
             log.warning("launch %s: log not archived: %s", launch.pk, exc.message)
             return
-        Launch.objects.filter(pk=launch.pk).update(log_archive=gzip.compress(b"".join(chunks)))
+        Launch.objects.filter(pk=launch.pk).update(log_archive=buffer.getvalue())
 
     # --- health ----------------------------------------------------------------------------------
 
@@ -414,3 +447,9 @@ class Follower:
             launches.fail(
                 launch.pk, f"health check failed {self.health_failures} times in a row: {problem}"
             )
+
+
+def _chunks(stream: ssh.Stream) -> Iterator[bytes]:
+    """What a finite remote command prints, until it ends."""
+    while (chunk := stream.read(30)) is not None:
+        yield chunk

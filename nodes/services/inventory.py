@@ -39,7 +39,12 @@ def save_node(form: NodeForm, *, actor: Actor, request: HttpRequest | None = Non
 def set_maintenance(
     node: Node, on: bool, *, actor: Actor, request: HttpRequest | None = None
 ) -> None:
-    """Take a node out of service (no launches) or put it back; the next probe sets its status."""
+    """Take a node out of service (no launches) or put it back; the next probe sets its status.
+
+    A node whose host key changed stays so: only trusting the new key settles that.
+    """
+    if node.status == NodeStatus.HOST_KEY_CHANGED:
+        return
     before = {"status": node.status}
     status = NodeStatus.MAINTENANCE if on else NodeStatus.UNKNOWN
     with transaction.atomic():

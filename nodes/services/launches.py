@@ -12,7 +12,10 @@ import json
 import logging
 import re
 import secrets as pysecrets
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -20,7 +23,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.http import HttpRequest
 from django.utils import timezone
@@ -32,13 +35,19 @@ from nodes.domain import launch_plan as plan
 from nodes.domain import timeline
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.probe_parse import NodeFacts
-from nodes.domain.redact import mask_text, redact_args, redact_env, secret_values
+from nodes.domain.redact import mask_doc, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import calibrations, cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for
-from nodes.services.profiles import DEFAULT_VERSION, evaluate, model_facts
+from nodes.services.profiles import (
+    DEFAULT_VERSION,
+    env_problems,
+    evaluate,
+    model_facts,
+)
 
 log = logging.getLogger(__name__)
 Actor = AbstractBaseUser | AnonymousUser
@@ -118,9 +127,6 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
             f"{args[0][:40]!r} is not an SGLang launch command: expected "
             "python3 -m sglang.launch_server --model-path … (or sglang serve …)"
         )
-    bad = [k for k in env if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,127}", k)]
-    if bad:
-        raise LaunchInputError(f"{bad[0][:40]!r} is not an environment variable name")
     version = node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     model = model_facts(node, str(flags.get("model_path", default="") or ""))
@@ -151,8 +157,7 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
 def masked(doc: Any, args: list[str], env: dict[str, str]) -> Any:
     """``doc`` (JSON-ready) with the command's secret values masked wherever they appear, e.g.
     in argparse's "unrecognized arguments: VALUE" after a mistyped ``--api-keys VALUE``."""
-    secrets = secret_values(args, env)
-    return json.loads(mask_text(json.dumps(doc), [json.dumps(v)[1:-1] for v in secrets]))
+    return mask_doc(doc, secret_values(args, env))
 
 
 def create(
@@ -183,10 +188,17 @@ def create(
         raise LaunchInputError("every override needs a reason")
     if node.status == NodeStatus.MAINTENANCE:
         raise LaunchInputError(f"{node.name} is in maintenance: no launches")
+    if node.status == NodeStatus.HOST_KEY_CHANGED:
+        raise LaunchInputError(
+            f"{node.name}'s host key changed: no launches until an admin trusts the new key "
+            f"({node.status_reason})"
+        )
     if not node.host_key:
         raise LaunchInputError(f"{node.name}'s host key is not trusted yet")
     if timeout_s is not None and timeout_s <= 0:
         raise LaunchInputError("the start-up timeout must be a positive number of seconds")
+    if refused := env_problems(dict(revision.env or {}), node):  # saved before the policy?
+        raise LaunchInputError("; ".join(refused))
     flags = flags_for(revision, node, port)
     if not flags.values:  # argparse refused the command: SGLang would exit before starting
         problem = "; ".join(i.message for i in flags.issues)
@@ -245,8 +257,21 @@ def create(
             request=request,
         )
         if launch.status == LaunchStatus.PENDING:
-            transaction.on_commit(lambda: _enqueue("nodes.start_launch", launch.pk))
+            transaction.on_commit(lambda: _queue_start(launch))
     return launch
+
+
+def _queue_start(launch: Launch) -> None:
+    """Hand the new launch to a worker. When the task queue is away it ends ``error`` saying
+    so (nothing ran; GPUs and port released) and ``QueueUnavailable`` is raised."""
+    try:
+        enqueue("nodes.start_launch", launch.pk)
+    except QueueUnavailable as exc:
+        Launch.objects.filter(pk=launch.pk, status=LaunchStatus.PENDING).update(
+            status=LaunchStatus.ERROR, reason=f"not started: {exc}", ended=timezone.now()
+        )
+        release(launch)
+        raise
 
 
 def submit(
@@ -290,9 +315,14 @@ def _reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
         held = Reservation.objects.filter(node=launch.node).filter(
             Q(kind="gpu", number__in=gpus) | Q(kind="port", number__in=ports)
         )
+        # Stored on a launch anyone may see: a team-only launch is not named.
+        hidden = set(
+            held.filter(launch__in=teams.team_only_launches()).values_list("pk", flat=True)
+        )
         what = "; ".join(
-            f"{'GPU' if r.kind == 'gpu' else 'port'} {r.number} by launch #{r.launch_id}"
-            for r in held.select_related("launch")
+            f"{'GPU' if r.kind == 'gpu' else 'port'} {r.number} by "
+            + ("a team-only launch" if r.pk in hidden else f"launch #{r.launch_id}")
+            for r in held
         )
         return plan.Check("reservation", False, f"already held: {what or 'by another launch'}")
     return plan.Check(
@@ -303,11 +333,9 @@ def _reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
 
 
 def _enqueue(task: str, launch_id: int, **options: Any) -> None:
-    from controlpanel.celery import app
-
     try:
-        app.send_task(task, args=[launch_id], **options)
-    except Exception:  # noqa: BLE001 — the reconciler picks the launch up when the broker is back
+        enqueue(task, launch_id, **options)
+    except QueueUnavailable:  # the reconciler picks the launch up when the broker is back
         log.warning("could not queue %s for launch %s; the reconciler will", task, launch_id)
 
 
@@ -398,6 +426,8 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
     flags = parse_command(args_of(launch), table(version))
     flags.env = dict(launch.revision.env or {})
     checks = [plan.Check(**c) for c in launch.checks if c.get("name") == "reservation"]
+    # Again on the worker, just before the start: the node's allowances may have changed.
+    checks.append(plan.check_environment(env_problems(flags.env, node)))
     checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
     report = _budget(launch, flags, facts, version)
     checks.append(plan.check_budget(report))
@@ -515,6 +545,7 @@ def _start_remote(launch: Launch, client: Any) -> dict[str, Any]:
             [launch.node.sglang_python, "-m", "sglang.launch_server", *redact_args(args)]
         ),
         "shown_env": redact_env(env),
+        "run_as": launch.node.run_as_user,
     }
     return ctl(
         client,
@@ -536,10 +567,12 @@ class StopOutcome:
     remaining: list[dict[str, Any]] = field(default_factory=list)
     held_gpus: dict[int, int] = field(default_factory=dict)
     error: str = ""
+    # The node did not answer and the stop will be tried again (the launch stays stopping).
+    pending: bool = False
 
     @property
     def clean(self) -> bool:
-        return not self.remaining and not self.held_gpus and not self.error
+        return not self.remaining and not self.held_gpus and not self.error and not self.pending
 
 
 def stop_remote(launch: Launch, grace: float | None = None) -> dict[str, Any]:
@@ -585,36 +618,163 @@ def _finish(launch: Launch, remaining: list[dict[str, Any]]) -> tuple[dict[int, 
     return held, "; ".join(notes)
 
 
-def stop(launch_id: int, *, actor: Actor, request: HttpRequest | None = None) -> StopOutcome:
-    """Stop a launch: processes gone and GPUs' memory back, or what did not come back."""
+def stop(
+    launch_id: int,
+    *,
+    actor: Actor,
+    request: HttpRequest | None = None,
+    token: str = "",
+    retry_in: float | None = None,
+) -> StopOutcome:
+    """One attempt to stop a launch: processes gone and GPUs' memory back, or what did not
+    come back.
+
+    ``token`` names the stop (the stop task's id, the same across its retries); a stop whose
+    worker died (its lease, ``stop_beat``, went stale) is taken over, so a second request or
+    the reconciler finishes it. When the node does not answer and ``retry_in`` (seconds) says
+    another attempt follows, the launch stays ``stopping`` and its reason says so
+    (``outcome.pending``); with no attempt left, or an error retrying cannot help, the stop is
+    reported failed and the launch gets back the status it had.
+    """
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         # Nothing to stop; what it still holds is what cleanup must free.
         return StopOutcome(launch, held_gpus=_still_reserved(launch))
-    before = launch.status
-    stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
-    if not Launch.objects.filter(pk=launch.pk, status__in=stoppable).update(
-        status=LaunchStatus.STOPPING, resume_status=before
-    ):
-        return _await_other_stop(launch)
-    record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
-    try:
-        result = stop_remote(launch)
-    except ssh.RemoteError as exc:
-        Launch.objects.filter(pk=launch.pk, status=LaunchStatus.STOPPING).update(status=before)
-        launch.refresh_from_db()
-        return StopOutcome(launch, error=f"{launch.node.name} did not answer: {exc.message}")
-    remaining = result.get("remaining", [])
-    held, notes = _finish(launch, remaining)
+    token = token or pysecrets.token_hex(8)
     who = actor.get_username() if actor.is_authenticated else "cli"
+    stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
+    if Launch.objects.filter(pk=launch.pk, status__in=stoppable).update(
+        status=LaunchStatus.STOPPING,
+        resume_status=launch.status,
+        reason=f"stopping (asked by {who})",
+        stop_by=who,
+        stop_attempts=0,
+        stop_token=token,
+        stop_beat=timezone.now(),
+    ):
+        record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
+    elif not _take_over_stop(launch.pk, token):
+        return _await_other_stop(launch, token, retry_in)
+    launch.refresh_from_db()
+    return _attempt_stop(launch, token, retry_in)
+
+
+def _take_over_stop(launch_id: int, token: str) -> bool:
+    """Own the stop of a ``stopping`` launch: ours already (a retry), or left by a stop whose
+    worker died (no check-in within the lease, or never one)."""
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS)
+    return bool(
+        Launch.objects.filter(pk=launch_id, status=LaunchStatus.STOPPING)
+        .filter(Q(stop_token=token) | Q(stop_beat__isnull=True) | Q(stop_beat__lt=stale))
+        .update(stop_token=token, stop_beat=timezone.now())
+    )
+
+
+def _attempt_stop(launch: Launch, token: str, retry_in: float | None) -> StopOutcome:
+    attempt = launch.stop_attempts + 1
+    Launch.objects.filter(pk=launch.pk).update(stop_attempts=attempt)
+    with _stop_lease(launch.pk, token):
+        try:
+            result = stop_remote(launch)
+        except ssh.RemoteError as exc:
+            return _stop_not_done(launch, exc, attempt, retry_in)
+        remaining = result.get("remaining", [])
+        held, notes = _finish(launch, remaining)
     Launch.objects.filter(pk=launch.pk).update(
         status=LaunchStatus.STOPPED,
-        reason=f"stopped by {who}" + (f"; {notes}" if notes else ""),
+        reason=f"stopped by {launch.stop_by or 'the panel'}" + (f"; {notes}" if notes else ""),
         ended=timezone.now(),
         exit_status=result.get("exit_status"),
+        stop_token="",
+        stop_beat=None,
     )
     launch.refresh_from_db()
     return StopOutcome(launch, remaining=remaining, held_gpus=held)
+
+
+def _stop_not_done(
+    launch: Launch, exc: ssh.RemoteError, attempt: int, retry_in: float | None
+) -> StopOutcome:
+    """The node did not take the stop: pending while attempts are left and may help, else
+    failed (reported, audited, the launch back to the status it had)."""
+    node = launch.node.name
+    away = exc.kind in ("unreachable", "timeout")
+    if retry_in is not None and away:
+        pending = (
+            f"stop pending: {node} unreachable ({exc.message}); retrying "
+            f"(attempt {attempt + 1}) in {retry_in:g} s"
+        )
+        # Due again after the wait: the lease covers it, so only a lost retry goes stale.
+        due = timezone.now() + timedelta(seconds=retry_in)
+        Launch.objects.filter(pk=launch.pk, stop_token=launch.stop_token).update(
+            reason=pending, stop_beat=due
+        )
+        launch.refresh_from_db()
+        return StopOutcome(launch, error=pending, pending=True)
+    why = f"{node} did not answer ({exc.message})" if away else exc.message
+    failed = (
+        f"stop failed after {attempt} attempt{'s' if attempt > 1 else ''}: {why}; "
+        "the server may still be running"
+    )
+    Launch.objects.filter(pk=launch.pk, status=LaunchStatus.STOPPING).update(
+        status=launch.resume_status or LaunchStatus.READY,
+        reason=failed,
+        stop_token="",
+        stop_beat=None,
+    )
+    record(
+        "launch.stop_failed",
+        actor=None,
+        actor_name=launch.stop_by or "panel",
+        obj=launch,
+        after={"attempts": attempt, "error": exc.message},
+    )
+    launch.refresh_from_db()
+    teams.launch_event(launch, "launch.stop_failed", failed)
+    return StopOutcome(launch, error=failed)
+
+
+@contextmanager
+def _stop_lease(launch_id: int, token: str) -> Iterator[None]:
+    """Keep the stop's lease fresh while it waits on the node (the grace period, the probe),
+    so that only a stop whose worker died goes stale."""
+    done = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not done.wait(settings.RANKWISE_FOLLOWER_LEASE_SECONDS / 3):
+                Launch.objects.filter(pk=launch_id, stop_token=token).update(
+                    stop_beat=timezone.now()
+                )
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=renew, name=f"stop-lease-{launch_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def stuck_stops() -> list[Launch]:
+    """``stopping`` launches whose stop nobody works on: its lease went stale (its worker
+    died, or its retry was lost) or it never had one."""
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS)
+    return list(
+        Launch.objects.filter(status=LaunchStatus.STOPPING).filter(
+            Q(stop_beat__isnull=True) | Q(stop_beat__lt=stale)
+        )
+    )
+
+
+def stop_retry_in(retries: int) -> float | None:
+    """Seconds before the stop's next attempt after ``retries`` retries (doubling from
+    ``RANKWISE_STOP_RETRY_SECONDS``, at most two minutes); ``None`` when none is left."""
+    if retries >= settings.RANKWISE_STOP_RETRIES:
+        return None
+    return float(min(settings.RANKWISE_STOP_RETRY_SECONDS * 2**retries, 120))
 
 
 def _still_reserved(launch: Launch) -> dict[int, int]:
@@ -623,13 +783,21 @@ def _still_reserved(launch: Launch) -> dict[int, int]:
     return {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
 
 
-def _await_other_stop(launch: Launch) -> StopOutcome:
-    """Someone else is stopping this launch: report what their stop leaves."""
+def _await_other_stop(launch: Launch, token: str, retry_in: float | None) -> StopOutcome:
+    """Someone else is stopping this launch: report what their stop leaves, or finish it
+    when it goes stale (its worker died)."""
     deadline = time.monotonic() + settings.RANKWISE_STOP_GRACE_SECONDS + 60
     while time.monotonic() < deadline:
         launch.refresh_from_db()
         if launch.status in LAUNCH_ENDED:
             return StopOutcome(launch, held_gpus=_still_reserved(launch))
+        if launch.status != LaunchStatus.STOPPING:  # that stop failed; its reason says why
+            return StopOutcome(launch, error=launch.reason)
+        if _take_over_stop(launch.pk, token):
+            launch.refresh_from_db()
+            return _attempt_stop(launch, token, retry_in)
+        if launch.reason.startswith("stop pending"):  # its own task tries again
+            return StopOutcome(launch, error=launch.reason)
         time.sleep(0.5)
     return StopOutcome(launch, error="another stop of this launch has not finished")
 
@@ -730,11 +898,15 @@ def orphans() -> list[Launch]:
 
 
 def reconcile() -> int:
-    """Queue the right task for every orphaned launch; returns how many."""
+    """Queue the right task for every orphaned launch, and the stop again for every stuck
+    stop (its worker died: the stop re-checks the node and finishes); returns how many."""
     found = orphans()
     for launch in found:
         if launch.status in (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT):
             _enqueue("nodes.start_launch", launch.pk)
         else:
             _enqueue("nodes.follow_launch", launch.pk)
-    return len(found)
+    stuck = stuck_stops()
+    for launch in stuck:
+        _enqueue("nodes.stop_launch", launch.pk)
+    return len(found) + len(stuck)

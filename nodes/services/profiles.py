@@ -1,4 +1,8 @@
-"""Launch profiles: check a profile against a node's memory and save it as a new revision."""
+"""Launch profiles: check a profile against a node's memory and save it as a new revision.
+
+``submit_revision`` is the one door for a new revision from the form, the API and the CLI: the
+same input checks, the same budget, the same audit.
+"""
 
 from __future__ import annotations
 
@@ -15,12 +19,16 @@ from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
+from nodes.domain import env_policy
+from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node, ProfileRevision
+from nodes.services import teams
 from nodes.services.credentials import target_for
+from nodes.services.teams import visible_profiles
 
 Actor = AbstractBaseUser | AnonymousUser
 DEFAULT_VERSION = "0.5.9"
@@ -29,6 +37,53 @@ HEADERS_TTL_S = 7 * 24 * 3600
 # Reads config.json and the safetensors headers on the node (never the tensors); prints one JSON
 # line. Given the stamp (size + mtime) of what it read before, it answers "unchanged" instead.
 MODEL_PROBE = (Path(__file__).resolve().parent.parent / "remote" / "model_headers.py").read_bytes()
+#: What each probe problem means, said of ``{path}`` on ``{node}``.
+PROBE_PROBLEMS = {
+    "no-folder": "no model folder at {path} on {node}",
+    "no-config": "no config.json in {path} on {node}",
+    "denied": "{path} on {node} may not be read (permission denied)",
+    "bad-config": "{path}/config.json on {node} is not a JSON object",
+    "unreadable": "{path} on {node} could not be read",
+}
+#: Why a viewer's check shows no model geometry: reading on a node needs the operator role.
+NOT_READ_FOR_VIEWERS = "not read (reading the model on the node needs the operator role)"
+
+
+class ProfileHidden(LookupError):
+    """The profile is another team's own: to this caller it does not exist (answer 404)."""
+
+
+MAX_ARGS, MAX_ARGS_CHARS = 2000, 65536  # as the API and an import bound them
+
+
+class ProfileRefused(Exception):
+    """Why a revision was not saved: ``kind`` is ``input`` (the name, a flag, a port or the
+    environment is refused; the reason says which), ``exists`` (a new profile's name is
+    taken), ``missing`` (another team's profile, which the actor cannot see), ``block`` (the
+    budget blocks it on the node) or ``warn`` (its warnings were not acknowledged);
+    ``report`` is the budget when one was made."""
+
+    def __init__(self, kind: str, reason: str, report: BudgetReport | None = None) -> None:
+        super().__init__(reason)
+        self.kind, self.reason, self.report = kind, reason, report
+
+
+class EnvRefused(ValueError):
+    """The environment policy refuses a variable on the node; the message names each one."""
+
+
+def env_problems(env: dict[str, str], node: Node | None) -> list[str]:
+    """Why the environment policy refuses ``env`` on ``node`` (its admin allowances counted),
+    one message per variable; empty when it may run there. Every door that saves or launches
+    a profile asks this: the form, the API, the import, ``save_revision`` and the launch."""
+    allowances = list(node.allowed_env or []) if node is not None else []
+    return env_policy.refusals(env, allowances, node.name if node is not None else "")
+
+
+def check_env(env: dict[str, str], node: Node | None) -> None:
+    """Raise ``EnvRefused`` naming every variable the policy refuses on ``node``."""
+    if problems := env_problems(env, node):
+        raise EnvRefused("; ".join(problems))
 
 
 @dataclass(frozen=True)
@@ -54,8 +109,12 @@ def node_memory(node: Node) -> NodeMemory:
     )
 
 
-def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFacts:
-    """The geometry from a pasted config.json, else read on the node over SSH (cached 10 min)."""
+def model_facts(
+    node: Node, model_path: str, pasted_config: str = "", *, read_node: bool = True
+) -> ModelFacts:
+    """The geometry from a pasted config.json, else read on the node over SSH (cached 10 min)
+    unless ``read_node`` is false (a viewer's check: nothing runs on the node for them). A
+    problem is said in ``source`` in plain words ("no model folder at /x on gpu-01")."""
     if pasted_config.strip():
         try:
             return ModelFacts(from_config(json.loads(pasted_config)), None, "pasted config.json")
@@ -65,6 +124,8 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
             return ModelFacts(None, None, f"the pasted config.json is unusable: {str(exc)[:200]}")
     if not model_path or not node.host_key:
         return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
+    if not read_node:
+        return ModelFacts(None, None, NOT_READ_FOR_VIEWERS)
     key = "model:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()
     cached = cache.get(key)
     if cached is None:
@@ -85,10 +146,11 @@ def model_facts(node: Node, model_path: str, pasted_config: str = "") -> ModelFa
     return ModelFacts(geometry, cached["weights_bytes"], f"read from {node.name}:{model_path}")
 
 
-def model_of(node: Node, args: list[str]) -> ModelFacts:
-    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``."""
+def model_of(node: Node, args: list[str], *, read_node: bool = True) -> ModelFacts:
+    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``
+    unless ``read_node`` is false (see ``model_facts``)."""
     flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
-    return model_facts(node, str(flags.get("model_path", default="") or ""))
+    return model_facts(node, str(flags.get("model_path", default="") or ""), read_node=read_node)
 
 
 def _read_model(node: Node, model_path: str) -> dict[str, object]:
@@ -102,18 +164,22 @@ def _read_model(node: Node, model_path: str) -> dict[str, object]:
             result = ssh.run(
                 client, ["python3", "-", model_path, *stamp], stdin=MODEL_PROBE, timeout=60
             )
-        doc: dict[str, object] = json.loads(result.stdout)
-        if doc.get("unchanged") and isinstance(before, dict):
-            return before
-        if "error" in doc:
-            doc["error"] = f"not read from {node.name}: {doc['error']}"
-        elif "config" in doc:
-            cache.set(key, doc, HEADERS_TTL_S)
-        return doc
+        doc: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
     except ssh.RemoteError as exc:
+        if exc.kind == "command_failed":
+            # What the interpreter printed is for the node's admin, not the page.
+            why = f"the model probe failed (exit status {exc.exit_status})"
+            return {"error": f"not read from {node.name}: {why}"}
         return {"error": f"not read from {node.name}: {exc.message}"}
-    except ValueError:
+    except (ValueError, IndexError):
         return {"error": f"not read from {node.name}: unexpected output"}
+    if doc.get("unchanged") and isinstance(before, dict):
+        return before
+    if "config" in doc:
+        cache.set(key, doc, HEADERS_TTL_S)
+        return doc
+    words = PROBE_PROBLEMS.get(str(doc.get("problem")), PROBE_PROBLEMS["unreadable"])
+    return {"error": words.format(path=model_path, node=node.name)}
 
 
 def evaluate(
@@ -159,15 +225,21 @@ def save_revision(
 ) -> ProfileRevision:
     """Create the profile if new, then its next revision; audit ``profile.revision``.
 
-    Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved.
+    Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved. Raises
+    ``ProfileHidden`` (saving nothing) when the profile exists and ``actor`` may not write to
+    it (another team's own profile); and
+    (``EnvRefused``, a ValueError) an environment the policy refuses on ``node``.
     """
+    check_env(env, node)
     if report.verdict == "block":
         raise ValueError("a blocked profile cannot be saved")
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
-        profile, _ = LaunchProfile.objects.get_or_create(
+        profile, made = LaunchProfile.objects.get_or_create(
             name=profile_name, defaults={"created_by": author}
         )
+        if not made and not teams.may_write(actor, profile):
+            raise ProfileHidden(f"no profile named {profile_name!r}")
         profile = LaunchProfile.objects.select_for_update().get(pk=profile.pk)
         last = profile.revisions.aggregate(Max("number"))["number__max"] or 0
         revision = ProfileRevision.objects.create(
@@ -197,3 +269,70 @@ def save_revision(
             request=request,
         )
     return revision
+
+
+def input_problem(node: Node, args: list[str], env: dict[str, str]) -> str | None:
+    """Why ``args`` and ``env`` are refused before any budget, in one line: a flag or value the
+    node's SGLang version refuses (an unknown flag, a port outside 1–65535…), a variable name
+    no shell can set or the environment policy refuses on ``node``. ``None`` when usable."""
+    if len(args) > MAX_ARGS or sum(map(len, args)) > MAX_ARGS_CHARS:
+        return "the command is longer than a command line can be"
+    version = node.sglang_version or DEFAULT_VERSION
+    issues = parse_command(list(args), table(version)).issues
+    refused = [i for i in issues if i.code in ("unknown", "invalid")]
+    if refused:
+        return f"SGLang {version} refuses it: {refused[0].message}"
+    if problems := env_problems(env, node):  # the name rule and the environment policy
+        return f"env: {'; '.join(problems)}"
+    return None
+
+
+def submit_revision(
+    *,
+    profile_name: str,
+    node: Node,
+    args: list[str],
+    env: dict[str, str],
+    message: str,
+    actor: Actor,
+    acknowledged: bool,
+    new_profile: bool = False,
+    pasted_config: str = "",
+    request: HttpRequest | None = None,
+) -> tuple[ProfileRevision, BudgetReport]:
+    """Check a revision and save it (form, API and CLI): the name, the input
+    (``input_problem``), the profile's team (``actor`` must see it), then the budget on
+    ``node``; a ``warn`` verdict is saved only when ``acknowledged``. ``new_profile`` refuses a
+    name that exists. Returns the revision and its budget; raises ``ProfileRefused``."""
+    if problem := rules.check_node_name(profile_name):
+        raise ProfileRefused("input", f"profile name: {problem}")
+    existing = LaunchProfile.objects.filter(name=profile_name).first()
+    if existing is not None and existing.adhoc:
+        raise ProfileRefused("input", f"{profile_name} is an ad-hoc profile of a launch")
+    if existing is not None and new_profile:
+        raise ProfileRefused("exists", f"a profile named {profile_name} exists")
+    if existing is not None and not visible_profiles(actor).filter(pk=existing.pk).exists():
+        raise ProfileRefused("missing", f"no profile named {profile_name!r}")  # another team's
+    if problem := input_problem(node, args, env):
+        raise ProfileRefused("input", problem)
+    flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
+    model = model_facts(node, str(flags.get("model_path", default="") or ""), pasted_config)
+    report = evaluate(list(args), node, model, env=env)
+    if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
+        why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
+        raise ProfileRefused(report.verdict, f"{report.verdict}: {why}", report)
+    try:
+        revision = save_revision(
+            profile_name=profile_name,
+            args=list(args),
+            env=dict(env),
+            message=message,
+            node=node,
+            report=report,
+            model=model,
+            actor=actor,
+            request=request,
+        )
+    except ProfileHidden as hidden:  # made team-only while it was checked
+        raise ProfileRefused("missing", str(hidden)) from None
+    return revision, report

@@ -586,3 +586,67 @@ def test_a_server_killed_while_serving_says_what_is_known_and_stays_unknown():
         found.secondary_categories == ["leaked-gpu-memory"]
         and "memory stays on GPU 4" in found.summary
     )
+
+
+OOM_HEAD = (
+    "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+    "capacity of 79.19 GiB of which 1.06 GiB is free. "
+)
+OOM_TAIL = (
+    "Of the allocated memory 46.50 GiB is allocated by PyTorch, and 1.10 GiB is reserved by "
+    "PyTorch but unallocated. If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation."
+)
+SELF = "Including non-PyTorch memory, this process has 48.10 GiB memory in use. "
+
+
+@pytest.mark.parametrize(
+    ("text", "pids", "held_gib"),
+    [
+        # The wording: the other process first, then this one.
+        (OOM_HEAD + "Process 4242 has 30.00 GiB memory in use. " + SELF + OOM_TAIL, [4242], 30.0),
+        # NVML lists this process first: the order is not fixed.
+        (OOM_HEAD + SELF + "Process 4242 has 30.00 GiB memory in use. " + OOM_TAIL, [4242], 30.0),
+        # Several other processes, in MiB and GiB.
+        (
+            OOM_HEAD
+            + "Process 4242 has 20.00 GiB memory in use. Process 4243 has 10240.00 MiB memory "
+            "in use. " + SELF + OOM_TAIL,
+            [4242, 4243],
+            30.0,
+        ),
+        # A small card: capacity and free memory in MiB, torch.cuda's older exception name.
+        (
+            "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 "
+            "has a total capacity of 23.68 GiB of which 310.56 MiB is free. "
+            + SELF.replace("48.10", "12.00")
+            + "Process 4242 has 11.30 GiB memory in use. "
+            + OOM_TAIL,
+            [4242],
+            11.3,
+        ),
+        # PyTorch 2.1 spelled "capacty".
+        (
+            "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 "
+            "has a total capacty of 79.15 GiB of which 1.06 GiB is free. "
+            + SELF
+            + "Process 4242 has 30.00 GiB memory in use. "
+            + OOM_TAIL,
+            [4242],
+            30.0,
+        ),
+    ],
+)
+def test_an_oom_with_another_process_listed_on_the_gpu_in_any_order_and_unit(text, pids, held_gib):
+    log = "[2026-01-01 00:00:00 TP0] Scheduler hit an exception: Traceback:\n" + text + "\n"
+    found = diagnose(log, {}, {})
+    assert found.category == "gpu-occupied-by-other-process"
+    assert all(f"PID {pid}" in found.summary for pid in pids)
+    assert found.numbers["holder_pid"] == pids[0]
+    assert found.numbers["others_held_gib"] == held_gib
+    assert "this process" not in found.summary  # this launch's own use is not a holder
+
+
+def test_an_oom_where_only_this_process_holds_memory_is_not_blamed_on_another():
+    log = OOM_HEAD + SELF + OOM_TAIL + "\n"
+    assert diagnose(log, {}, {}).category != "gpu-occupied-by-other-process"

@@ -12,3 +12,137 @@ def test_secrets_a_foreign_log_spells_out_are_masked_without_knowing_them():
     assert (
         mask_assignments("Allocating 300.00 GB host memory") == "Allocating 300.00 GB host memory"
     )
+
+
+import pytest  # noqa: E402
+
+from nodes.domain.redact import (  # noqa: E402
+    MASK,
+    all_tables,
+    is_secret_name,
+    mask_text,
+    masked_lines,
+    redact_args,
+    redact_env,
+    secret_values,
+)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "HF_TOKEN",
+        "OPENAI_API_KEY",
+        "OPENAI_KEY",
+        "MY_PASSWD",
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        "AWS_SECRET_ACCESS_KEY",
+        "DB_PASSWORD",
+        "SENTRY_DSN",
+        "GITHUB_TOKEN_2",
+        "apiKey",
+        "PRIVATE_KEY_PATH",
+    ],
+)
+def test_common_secret_names_are_secret(name):
+    assert is_secret_name(name)
+    assert redact_env({name: "value-1"}) == {name: MASK}
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "TOKENIZERS_PARALLELISM",
+        "KEYFRAME_INTERVAL",
+        "PWD",
+        "CUDA_VISIBLE_DEVICES",
+        "NCCL_SOCKET_IFNAME",
+        "max_total_num_tokens",
+        "token_usage",
+        "SSH_AUTH_SOCK",
+    ],
+)
+def test_ordinary_settings_are_not_secret(name):
+    assert not is_secret_name(name)
+    assert redact_env({name: "value-1"}) == {name: "value-1"}
+
+
+def test_a_password_inside_a_url_is_masked_and_known():
+    env = {"DATABASE_URL": "postgres://rank:pw-4242x@db:5432/x"}
+    assert redact_env(env) == {"DATABASE_URL": "postgres://rank:****@db:5432/x"}
+    assert secret_values([], env) == ["pw-4242x"]
+
+
+@pytest.mark.parametrize("table", all_tables(), ids=lambda t: t.version)
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--max-total-tokens", "100000"],
+        ["--tokenizer-path", "/models/tok"],
+        ["--skip-tokenizer-init", "--tp-size", "8"],
+        ["--max-prefill-tokens=16384", "--ssl-keyfile", "/etc/k.pem"],
+    ],
+)
+def test_flags_that_only_mention_tokens_or_keys_hide_nothing(table, args):
+    command = ["--model-path", "/m", *args]
+    assert redact_args(command, table) == command
+    assert redact_args(command) == command  # every version's table
+    assert secret_values(command, {}) == []
+
+
+@pytest.mark.parametrize("table", all_tables(), ids=lambda t: t.version)
+def test_secret_flags_come_from_the_table_with_argparse_abbreviations(table):
+    args = ["--api-key", "k1", "--admin-api-key=k2", "--ssl-keyfile-password", "k3"]
+    args += ["--api-k", "k4"]
+    assert "k" not in " ".join(w for w in redact_args(args, table) if not w.startswith("--"))
+    # A secret flag followed by another flag has no value to hide.
+    assert redact_args(["--api-key", "--port", "1"], table) == ["--api-key", "--port", "1"]
+
+
+def test_a_short_or_numeric_secret_is_masked_where_named_not_everywhere():
+    secrets = secret_values(["--api-key", "100000", "--max-total-tokens", "100000"], {})
+    assert secrets == ["100000"]
+    log = (
+        "server_args=ServerArgs(api_key='100000', max_total_tokens=100000)\n"
+        "max_total_num_tokens=100000, chunked_prefill_size=8192\n"
+        "launch_server --api-key 100000 --max-total-tokens 100000\n"
+    )
+    assert mask_text(log, secrets) == (
+        "server_args=ServerArgs(api_key='****', max_total_tokens=100000)\n"
+        "max_total_num_tokens=100000, chunked_prefill_size=8192\n"
+        "launch_server --api-key **** --max-total-tokens 100000\n"
+    )
+
+
+def test_a_distinctive_secret_is_masked_wherever_it_appears():
+    secrets = secret_values(["--api-key", "sk-live-4f9a"], {"OPENAI_KEY": "sk-openai-77"})
+    line = "auth failed for sk-live-4f9a; upstream said sk-openai-77 is revoked"
+    assert mask_text(line, secrets) == "auth failed for ****; upstream said **** is revoked"
+
+
+def test_masking_a_streamed_log_cuts_lines_anywhere_and_keeps_other_bytes():
+    raw = b"api_key='sk-live-4f9a' x\n\xff\xfe sk-live-4f9a\n"
+    raw += b"max_total_num_tokens=100000\nHF_TOKEN=z9"
+    for size in (1, 5, 4096):
+        chunks = [raw[i : i + size] for i in range(0, len(raw), size)]
+        assert b"".join(masked_lines(chunks, ["sk-live-4f9a"])) == (
+            b"api_key='****' x\n\xff\xfe ****\nmax_total_num_tokens=100000\nHF_TOKEN=****"
+        )
+
+
+def test_a_document_is_masked_string_by_string_and_stays_json():
+    import json
+
+    from nodes.domain.redact import mask_doc
+
+    doc = {"messages": ['unrecognized arguments: api_key="sk-live-4f9a"', 3], "n": 100000}
+    shown = mask_doc(doc, ["sk-live-4f9a", "100000"])
+    assert json.loads(json.dumps(shown)) == {
+        "messages": ['unrecognized arguments: api_key="****"', 3],
+        "n": 100000,
+    }
+
+
+def test_after_a_bare_colon_only_words_that_are_always_secret_count():
+    line = "#new-token: 512, #token: 1234, password: hunter2, secret_key: abc"
+    assert mask_text(line, []) == "#new-token: 512, #token: 1234, password: ****, secret_key: ****"

@@ -98,16 +98,25 @@ def _gpu_holders(bundle: Bundle) -> list[Holder]:
     return holders
 
 
+# PyTorch's allocator text (c10/cuda/CUDACachingAllocator.cpp) since 2.1: the sizes go through
+# format_size (bytes, KiB, MiB, GiB), 2.1 spelled "capacty", and the "Process N has" entries come
+# in NVML's order, this process's own ("Including non-PyTorch memory, this process has") among
+# them.
+_SIZE = r"[\d.]+ (?:bytes|[KMGT]iB)"
 OOM_WITH_HOLDER = re.compile(
-    r"CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+) (?P<tunit>[GM]iB)\. GPU "
-    r"(?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+) GiB of which (?P<free>[\d.]+) "
-    r"(?P<funit>[GM]iB) is free\. Process (?P<pid>\d+) has (?P<used>[\d.]+) (?P<unit>[GM]iB) "
-    r"memory in use"
+    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_SIZE})\. GPU (?P<gpu>\d+) has a total "
+    rf"capaci?ty of (?P<total>{_SIZE}) of which (?P<free>{_SIZE}) is free\. "
+    rf"(?P<processes>(?:(?:Including non-PyTorch memory, this process|Process \d+) has {_SIZE} "
+    r"memory in use\. ?)*Process \d+ has .*)"
 )
+OTHER_PROCESS = re.compile(rf"\bProcess (?P<pid>\d+) has (?P<used>{_SIZE}) memory in use")
+_UNITS = {"bytes": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0, "TiB": 2**10}
 
 
-def _gib(value: str, unit: str) -> float:
-    return _num(value) / (1024 if unit == "MiB" else 1)
+def _gib(size: str) -> float:
+    """``"512.00 MiB"`` → 0.5 (GiB)."""
+    value, unit = size.split()
+    return _num(value) * _UNITS[unit]
 
 
 def _orphans(holders: list[Holder]) -> tuple[str, dict[str, float]]:
@@ -130,21 +139,28 @@ def _orphans(holders: list[Holder]) -> tuple[str, dict[str, float]]:
 
 
 def gpu_held_at_oom(bundle: Bundle) -> Diagnosis | None:
-    """PyTorch's OOM text names another process holding memory on the GPU (``Process N has X
-    GiB memory in use``, §6): the launch could not get memory a live process already held."""
+    """PyTorch's OOM text names other processes holding memory on the GPU (``Process N has X
+    GiB memory in use``, §6): the launch could not get memory a live process already held.
+    Numbers: ``holder_pid`` and ``held_gib`` of the biggest holder, ``others_held_gib`` of all
+    of them, ``free_gib``, ``gpu_total_gib``, ``tried_to_allocate_gib`` (GiB)."""
     hit = bundle.log.first(OOM_WITH_HOLDER)
     if hit is None:
         return None
     match = hit[1]
-    gpu, pid, total = int(match["gpu"]), int(match["pid"]), _num(match["total"])
-    used, free = _gib(match["used"], match["unit"]), _gib(match["free"], match["funit"])
-    tried = _gib(match["tried"], match["tunit"])
+    others = [(int(m["pid"]), _gib(m["used"])) for m in OTHER_PROCESS.finditer(match["processes"])]
+    if not others:
+        return None
+    gpu, total = int(match["gpu"]), _gib(match["total"])
+    free, tried = _gib(match["free"]), _gib(match["tried"])
+    pid, used = max(others, key=lambda other: other[1])
+    held = sum(each for _, each in others)
     numbers: dict[str, float] = {
         "gpu": gpu,
         "holder_pid": pid,
         "held_gib": round(used, 2),
+        "others_held_gib": round(held, 2),
         "free_gib": round(free, 2),
-        "gpu_total_gib": total,
+        "gpu_total_gib": round(total, 2),
         "tried_to_allocate_gib": round(tried, 2),
     }
     begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
@@ -156,6 +172,7 @@ def gpu_held_at_oom(bundle: Bundle) -> Diagnosis | None:
     for h in holders[:4]:
         fact = f"PID {h.pid} ({h.name}) PPID {h.ppid} state {h.state} on GPU {h.gpu}"
         evidence.append(Evidence(fact, None, "snapshot"))
+    pids = ", ".join(str(p) for p, _ in others)
     if orphans:
         remedy = (
             "kill orphaned sglang::scheduler processes (kill -TERM, after 10 s kill -KILL: "
@@ -166,17 +183,21 @@ def gpu_held_at_oom(bundle: Bundle) -> Diagnosis | None:
         )
     else:
         remedy = (
-            f"stop the process holding GPU {gpu} (PID {pid}) or launch on idle GPUs "
-            "(CUDA_VISIBLE_DEVICES); add a pre-launch GPU idle check (nvidia-smi "
-            "--query-compute-apps=pid,used_memory must be empty)"
+            f"stop the process{'es' if len(others) > 1 else ''} holding GPU {gpu} (PID {pids}) "
+            "or launch on idle GPUs (CUDA_VISIBLE_DEVICES); add a pre-launch GPU idle check "
+            "(nvidia-smi --query-compute-apps=pid,used_memory must be empty)"
         )
+    if len(others) == 1:
+        who = f"another process: PID {pid} holds {used:.2f} GiB"
+    else:
+        each = ", ".join(f"PID {p} {u:.2f} GiB" for p, u in others)
+        who = f"{len(others)} other processes: {each}, together {held:.2f} GiB"
     return Diagnosis(
         category="gpu-occupied-by-other-process",
         secondary_categories=["defunct-zombie-process"] if orphans else [],
         summary=(
-            f"GPU {gpu} is occupied by another process: PID {pid} holds {used:.2f} GiB of its "
-            f"{total:.2f} GiB, so only {free:.2f} GiB was free and this launch ran out of memory"
-            f"{when} (allocating {tried:.2f} GiB){orphans}"
+            f"GPU {gpu} is occupied by {who} of its {total:.2f} GiB, so only {free:.2f} GiB was "
+            f"free and this launch ran out of memory{when} (allocating {tried:.2f} GiB){orphans}"
         ),
         remedy=remedy,
         evidence=evidence,

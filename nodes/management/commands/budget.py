@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
+from packaging.version import InvalidVersion, Version
 
 from nodes.domain import calibration
 from nodes.domain.budget import NodeMemory, Observed, check
@@ -101,8 +101,13 @@ class Command(OneLineCommand):
         version = str(
             options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
         )
-        if not re.fullmatch(r"\d+\.\d+(\.\d+)?([.+-]?\w+)?", version):
-            raise CommandError(f"--sglang-version {version!r} is not a version", returncode=2)
+        try:
+            Version(version)
+        except InvalidVersion:
+            raise CommandError(
+                f"--sglang-version {version[:40]!r} is not a version (PEP 440, e.g. 0.5.9rc1)",
+                returncode=2,
+            ) from None
         try:
             argv, env = split_command(command)
         except ValueError as exc:

@@ -21,7 +21,7 @@ from nodes.choices import Role
 from nodes.domain.launch_plan import PlanError, parse_gpu_list
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Launch, Node
-from nodes.services import cleanup
+from nodes.services import cleanup, teams
 
 
 class Command(OneLineCommand):
@@ -50,7 +50,7 @@ class Command(OneLineCommand):
             raise CommandError(f"no node named {options['node']!r}", returncode=2)
         launch = None
         if options["launch"] is not None:
-            launch = Launch.objects.filter(pk=options["launch"]).first()
+            launch = teams.visible_launches(actor).filter(pk=options["launch"]).first()
             if launch is None:
                 raise CommandError(f"no launch #{options['launch']}", returncode=2)
         try:

@@ -13,6 +13,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from nodes.domain.bundle import BundleError
+from nodes.domain.redact import mask_assignments
 from nodes.management.cli import OneLineCommand
 from nodes.services.bundles import read_bundle
 from nodes.services.diagnoses import diagnose_bundle
@@ -32,12 +33,16 @@ class Command(OneLineCommand):
             raise CommandError(str(exc), returncode=2) from None
         except OSError as exc:
             raise CommandError(f"{options['bundle']}: {exc.strerror}", returncode=2) from None
-        found = diagnose_bundle(log, facts)
+        doc = diagnose_bundle(log, facts).to_json()
+        # Evidence quotes the log, which may spell out secrets (HF_TOKEN=…, --api-key …).
+        doc["summary"] = mask_assignments(doc["summary"])
+        for item in doc["evidence"]:
+            item["text"] = mask_assignments(item["text"])
         if options["json"]:
-            self.stdout.write(json.dumps(found.to_json()))
+            self.stdout.write(json.dumps(doc))
             return
-        self.stdout.write(f"{found.category}: {found.summary}")
-        self.stdout.write(f"fix: {found.remedy}")
-        for item in found.evidence:
-            where = f"line {item.line}" if item.line else item.source
-            self.stdout.write(f"  {where}: {item.text}")
+        self.stdout.write(f"{doc['category']}: {doc['summary']}")
+        self.stdout.write(f"fix: {doc['remedy']}")
+        for item in doc["evidence"]:
+            where = f"line {item['line']}" if item["line"] else item["source"]
+            self.stdout.write(f"  {where}: {item['text']}")

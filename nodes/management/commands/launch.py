@@ -25,6 +25,7 @@ from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain.launch_plan import PlanError, parse_gpu_list
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Launch, Node
+from nodes.queue import QueueUnavailable
 from nodes.services import launches
 
 PREFLIGHT_WAIT_S = 600
@@ -110,6 +111,8 @@ class Command(OneLineCommand):
             )
         except launches.LaunchInputError as exc:
             raise CommandError(str(exc), returncode=2) from None
+        except QueueUnavailable as exc:
+            raise CommandError(f"{exc}; nothing was started") from None
         self.note(f"launch #{launch.pk}: {launch.revision} on {node.name}, GPU {launch.gpu_list()}")
         launch = self.wait(
             launch,

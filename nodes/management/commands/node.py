@@ -29,10 +29,10 @@ from nodes.management.cli import (
     resolve_actor,
 )
 from nodes.models import Node, SshCredential
+from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import discovery
 from nodes.services.credentials import create_credential, readable, replace_key
 from nodes.services.inventory import save_node
-from nodes.tasks import discover_node
 
 
 class Command(OneLineCommand):
@@ -235,8 +235,8 @@ class Command(OneLineCommand):
                 raise CommandError(
                     "no Celery worker answers: start the panel (./run) or use --inline"
                 )
-            result = discover_node.delay(node.pk)
-        except (OperationalError, RedisError):
+            result = enqueue("nodes.discover_node", node.pk)
+        except (OperationalError, RedisError, QueueUnavailable):
             raise CommandError("the task queue (Redis) does not answer; try --inline") from None
         record("node.discover", actor=actor, obj=node)
         try:

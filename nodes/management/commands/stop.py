@@ -12,10 +12,10 @@ from typing import Any
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.choices import Role
+from nodes.choices import LaunchStatus, Role
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
-from nodes.models import Launch
-from nodes.tasks import stop_launch
+from nodes.queue import QueueUnavailable, enqueue
+from nodes.services import teams
 
 STOP_WAIT_S = 300
 
@@ -30,12 +30,17 @@ class Command(OneLineCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         actor = resolve_actor(options["actor"], Role.OPERATOR)
-        launch = Launch.objects.filter(pk=options["id"]).first()
+        launch = teams.visible_launches(actor).filter(pk=options["id"]).first()
         if launch is None:
             raise CommandError(f"no launch #{options['id']}", returncode=2)
         try:
-            result = stop_launch.delay(launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
+            result = enqueue("nodes.stop_launch", launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
+        except QueueUnavailable as exc:
+            raise CommandError(f"{exc}; nothing was stopped") from None
         except CeleryTimeout:
+            launch.refresh_from_db()
+            if launch.status == LaunchStatus.STOPPING and launch.reason:
+                raise CommandError(f"launch #{launch.pk}: {launch.reason}") from None
             raise CommandError(
                 f"no worker finished the stop within {STOP_WAIT_S} s: is the panel running?"
             ) from None

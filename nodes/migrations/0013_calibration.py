@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('nodes', '0009_teams'),
+        ('nodes', '0012_faults'),
     ]
 
     operations = [

@@ -1,0 +1,282 @@
+"""Which environment variables a profile may give the SGLang server it launches on a node.
+
+The server runs with the profile's variables on top of the SSH user's environment, often as
+root. A variable is *refused* when it makes a program the server starts (the dynamic loader,
+the Python interpreter, a shell, a browser or pager Python opens, a compiler Triton or PyTorch
+runs, a plug-in CUDA, NCCL or OpenMP loads) run code, or pick the program, that the profile's
+command line does not show. Every door that stores or launches a profile asks this module: the
+profile form, the API, the import, pasted command lines and the launch itself (a revision saved
+before the policy existed cannot run hooked code).
+
+Three outcomes per variable (``decide``):
+
+- ``refused``: a loader or interpreter hook (below), or a name that is not
+  ``[A-Za-z_][A-Za-z0-9_]*`` in ASCII, at most 128 characters (``ÄÖ``, ``BASH_FUNC_x%%``,
+  ``A-B`` are no variable names a shell would set; one rule at every door). An admin can
+  allow a refused (well-formed) name on one node; the refusal says so.
+- ``allowed``: a family SGLang and its libraries document (``SGLANG_*``, ``TORCH_*``,
+  ``PYTORCH_*``, ``NCCL_*``, ``GLOO_*``, ``CUDA_*``, ``HF_*``, ``TRANSFORMERS_*``, ``VLLM_*``,
+  ``OMP_NUM_THREADS``…). A hook inside a family (``CUDA_INJECTION64_PATH``,
+  ``NCCL_NET_PLUGIN``) is still refused: refusals win.
+- ``accepted``: anything else (the model's own settings, proxies, ``TMPDIR``…). Values of
+  secret-looking names are masked wherever they are shown (``nodes.domain.redact``).
+
+Sources for the refused names:
+
+- glibc's ``sysdeps/generic/unsecvars.h`` (``UNSECURE_ENVVARS``): what the loader strips for
+  set-user-ID programs because it loads code or redirects files (``LD_PRELOAD``, ``LD_AUDIT``,
+  ``LD_LIBRARY_PATH``, ``GCONV_PATH``, ``LOCPATH``, ``NLSPATH``, ``MALLOC_TRACE``,
+  ``GLIBC_TUNABLES``, ``HOSTALIASES``, ``RES_OPTIONS``…); ``ld.so(8)`` for every other ``LD_*``.
+  ``TMPDIR`` from that list only moves temporary files and stays accepted.
+- Python's "Command line and environment" documentation: ``PYTHONSTARTUP``, ``PYTHONPATH``,
+  ``PYTHONHOME``, ``PYTHONPLATLIBDIR``, ``PYTHONUSERBASE`` (its ``.pth`` files run at start-up),
+  ``PYTHONWARNINGS`` (a ``-W`` filter's category is imported: ``ignore::antigravity.x`` imports
+  ``antigravity``, which opens ``$BROWSER``), ``PYTHONBREAKPOINT`` (imports a callable),
+  ``PYTHONINSPECT``, ``PYTHONEXECUTABLE``, ``PYTHONPYCACHEPREFIX`` (bytecode read from a
+  folder). Python adds such variables often, so every ``PYTHON*`` is refused except a short
+  list of switches that load nothing (``PYTHON_SWITCHES``).
+- ``webbrowser`` (``BROWSER`` is a command line), ``pydoc`` (``PAGER``, ``MANPAGER``), git
+  (``GIT_*``: ``GIT_SSH_COMMAND``, ``GIT_CONFIG_*`` set ``core.fsmonitor`` and friends),
+  ``ssh``/``sudo`` askpass programs, editors.
+- bash(1) "INVOCATION" and "Shell Variables": ``BASH_ENV`` and ``ENV`` name files a shell runs,
+  ``SHELLOPTS``/``BASHOPTS`` with ``PS4`` run command substitutions under ``xtrace``, ``IFS``
+  and ``CDPATH`` change how scripts read words and paths, ``PROMPT_COMMAND``; ``PATH`` chooses
+  which program every unqualified command is; ``HOME`` moves the user site-packages.
+- Other interpreters the server or its tools might start: ``PERL5OPT``/``PERL5LIB``/
+  ``PERLLIB``, ``RUBYOPT``/``RUBYLIB``, ``NODE_OPTIONS`` (``--require``)/``NODE_PATH``,
+  ``JAVA_TOOL_OPTIONS``/``_JAVA_OPTIONS``/``JDK_JAVA_OPTIONS`` (``-javaagent``).
+- Libraries the server loads: OpenSSL's ``OPENSSL_CONF`` (loads engines and providers),
+  ``OPENSSL_ENGINES``/``OPENSSL_MODULES``; CUDA's ``CUDA_INJECTION64_PATH`` and NVTX's
+  ``NVTX_INJECTION64_PATH`` (a library loaded into every CUDA process); NCCL's
+  ``NCCL_NET_PLUGIN``/``NCCL_TUNER_PLUGIN``/``NCCL_PROFILER_PLUGIN`` (plug-in libraries) and
+  ``NCCL_CONF_FILE`` (sets them); OpenMP's ``OMP_TOOL_LIBRARIES``; Triton's
+  ``TRITON_PTXAS_PATH`` and sibling tool paths and the compilers ``CC``/``CXX`` (run to build
+  kernels); ``DYLD_*`` (macOS' loader).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+NAME_RULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+MAX_NAME_LENGTH = 128
+
+# Exact names and why each is refused (what it makes run).
+REFUSED: dict[str, str] = {
+    "PATH": "it chooses which program every command without a path runs",
+    "HOME": "it moves the user site-packages, whose .pth files Python runs at start-up",
+    "BROWSER": "Python's webbrowser module runs it as a command line",
+    "PAGER": "pydoc runs it as a shell command",
+    "MANPAGER": "pydoc runs it as a shell command",
+    "EDITOR": "programs run it as a command",
+    "VISUAL": "programs run it as a command",
+    "LESSOPEN": "less runs it as a command",
+    "LESSCLOSE": "less runs it as a command",
+    "SSH_ASKPASS": "ssh runs it as a program",
+    "SUDO_ASKPASS": "sudo runs it as a program",
+    "BASH_ENV": "bash runs the file it names before any script",
+    "ENV": "sh runs the file it names when it starts",
+    "SHELLOPTS": "it turns on shell options (xtrace runs PS4's command substitutions)",
+    "BASHOPTS": "it turns on shell options in every bash the server starts",
+    "PS4": "bash expands it, command substitutions included, under xtrace",
+    "PROMPT_COMMAND": "bash runs it as a command",
+    "IFS": "it changes how every shell script splits words",
+    "CDPATH": "it changes where every shell script's cd goes",
+    "SHELL": "programs start it as the user's shell",
+    "GCONV_PATH": "iconv loads conversion modules (shared libraries) from it",
+    "GETCONF_DIR": "glibc runs the getconf programs it holds",
+    "GLIBC_TUNABLES": "it changes glibc internals (the loader strips it for set-user-ID programs)",
+    "HOSTALIASES": "it redirects host name lookups to a file it names",
+    "LOCALDOMAIN": "it changes host name resolution",
+    "RES_OPTIONS": "it changes host name resolution",
+    "RESOLV_HOST_CONF": "it redirects the resolver to a file it names",
+    "LOCPATH": "glibc loads locale data (parsed as code tables) from it",
+    "NLSPATH": "glibc loads message catalogues (format strings) from it",
+    "NIS_PATH": "it redirects NIS lookups",
+    "TZDIR": "glibc reads time zone files from it",
+    "MALLOC_TRACE": "glibc writes a trace to the file it names (any file the server may write)",
+    "OPENSSL_CONF": "OpenSSL loads the engines and providers its file names",
+    "OPENSSL_ENGINES": "OpenSSL loads engines (shared libraries) from it",
+    "OPENSSL_MODULES": "OpenSSL loads providers (shared libraries) from it",
+    "CUDA_INJECTION64_PATH": "CUDA loads the library it names into the server",
+    "CUDA_INJECTION32_PATH": "CUDA loads the library it names into the server",
+    "NVTX_INJECTION64_PATH": "NVTX loads the library it names into the server",
+    "NVTX_INJECTION32_PATH": "NVTX loads the library it names into the server",
+    "NCCL_NET_PLUGIN": "NCCL loads the plug-in library it names into every rank",
+    "NCCL_TUNER_PLUGIN": "NCCL loads the plug-in library it names into every rank",
+    "NCCL_PROFILER_PLUGIN": "NCCL loads the plug-in library it names into every rank",
+    "NCCL_CONF_FILE": "it sets any NCCL variable, plug-in libraries included",
+    "OMP_TOOL_LIBRARIES": "the OpenMP runtime loads the tool libraries it names",
+    "TRITON_PTXAS_PATH": "Triton runs the program it names to build kernels",
+    "TRITON_CUOBJDUMP_PATH": "Triton runs the program it names",
+    "TRITON_NVDISASM_PATH": "Triton runs the program it names",
+    "TRITON_LIBCUDA_PATH": "Triton loads libcuda from it",
+    "CC": "Triton and PyTorch run the compiler it names to build kernels",
+    "CXX": "PyTorch runs the compiler it names to build extensions",
+    "PERL5OPT": "perl reads options, -M modules included, from it",
+    "PERL5LIB": "perl loads modules from it",
+    "PERLLIB": "perl loads modules from it",
+    "PERL5DB": "perl runs it as debugger code",
+    "RUBYOPT": "ruby reads options, -r libraries included, from it",
+    "RUBYLIB": "ruby loads libraries from it",
+    "NODE_OPTIONS": "node reads options, --require included, from it",
+    "NODE_PATH": "node loads modules from it",
+    "JAVA_TOOL_OPTIONS": "the JVM reads options, -javaagent included, from it",
+    "_JAVA_OPTIONS": "the JVM reads options, -javaagent included, from it",
+    "JDK_JAVA_OPTIONS": "the java launcher reads options, -javaagent included, from it",
+}
+# Prefixes refused as a family (after the exact names above).
+REFUSED_PREFIXES: tuple[tuple[str, str], ...] = (
+    ("LD_", "the dynamic loader reads LD_* variables: they load or redirect shared libraries"),
+    ("DYLD_", "the macOS loader reads DYLD_* variables: they load libraries"),
+    ("GIT_", "git runs the programs and configuration GIT_* variables name"),
+    ("BASH_", "bash reads BASH_* variables (functions, start-up files) when it starts"),
+    ("PYTHON", "the Python interpreter reads PYTHON* variables before the server's own code"),
+)
+# PYTHON* switches that load, import or run nothing (Python's "Command line and environment").
+PYTHON_SWITCHES = frozenset(
+    {
+        "PYTHONUNBUFFERED",
+        "PYTHONHASHSEED",
+        "PYTHONFAULTHANDLER",
+        "PYTHONDONTWRITEBYTECODE",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "PYTHONOPTIMIZE",
+        "PYTHONDEVMODE",
+        "PYTHONTRACEMALLOC",
+        "PYTHONNOUSERSITE",
+        "PYTHONSAFEPATH",
+        "PYTHONINTMAXSTRDIGITS",
+        "PYTHONASYNCIODEBUG",
+        "PYTHONPROFILEIMPORTTIME",
+        "PYTHONMALLOC",
+        "PYTHONMALLOCSTATS",
+        "PYTHONVERBOSE",
+        "PYTHONNODEBUGRANGES",
+    }
+)
+# Families SGLang and its libraries document; exact names for single settings.
+ALLOWED_PREFIXES: tuple[str, ...] = (
+    "SGLANG_",
+    "SGL_",
+    "TORCH_",
+    "TORCHINDUCTOR_",
+    "PYTORCH_",
+    "NCCL_",
+    "GLOO_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "NVIDIA_",
+    "HF_",
+    "HUGGING_FACE_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "VLLM_",
+    "TRITON_",
+    "FLASHINFER_",
+    "OMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+)
+ALLOWED_NAMES = frozenset({"TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "MALLOC_ARENA_MAX"})
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the policy says of one variable: ``kind`` is ``allowed``, ``refused`` or
+    ``accepted``; ``reason`` says why (for a refusal, what the variable makes run)."""
+
+    name: str
+    kind: str
+    reason: str
+
+    @property
+    def refused(self) -> bool:
+        return self.kind == "refused"
+
+
+def check_name(name: str) -> str | None:
+    """``None`` for a well-formed variable name, else why not (one rule at every door)."""
+    if not isinstance(name, str) or not name:
+        return "an environment variable needs a name"
+    if len(name) > MAX_NAME_LENGTH or not NAME_RULE.fullmatch(name):
+        return (
+            f"{name[:40]!r} is not an environment variable name: variable names are ASCII "
+            f"letters, digits and _, not starting with a digit, at most {MAX_NAME_LENGTH} long"
+        )
+    return None
+
+
+def parse_allowances(text: str) -> tuple[list[str], str | None]:
+    """A node's extra allowed names from text (commas, spaces or lines): ``NAME`` or ``PREFIX*``
+    (``MY_LIB_*``). Returns ``(names, error)``; the error names the first bad entry."""
+    names: list[str] = []
+    for word in re.split(r"[\s,]+", text.strip()):
+        if not word:
+            continue
+        stem = word[:-1] if word.endswith("*") else word
+        if check_name(stem) is not None:
+            return [], f"{word[:40]!r} is not a variable name or a NAME_* prefix"
+        if word not in names:
+            names.append(word)
+    return names, None
+
+
+def node_allows(name: str, allowances: Iterable[str]) -> bool:
+    """Whether one of a node's allowances (``NAME`` or ``PREFIX*``) covers ``name``."""
+    for entry in allowances:
+        if entry == name or (entry.endswith("*") and name.startswith(entry[:-1])):
+            return True
+    return False
+
+
+def _hook(name: str) -> str | None:
+    if name in REFUSED:
+        return REFUSED[name]
+    if name in PYTHON_SWITCHES:
+        return None
+    for prefix, reason in REFUSED_PREFIXES:
+        if name.startswith(prefix):
+            return reason
+    return None
+
+
+def decide(name: str, allowances: Iterable[str] = ()) -> Decision:
+    """The policy's word on variable ``name`` on a node that allows ``allowances`` besides."""
+    if problem := check_name(name):
+        return Decision(name, "refused", problem)
+    hook = _hook(name)
+    if hook is not None and not node_allows(name, allowances):
+        return Decision(name, "refused", hook)
+    if hook is not None:
+        return Decision(name, "allowed", "allowed on this node by an admin")
+    if name in PYTHON_SWITCHES:
+        return Decision(name, "allowed", "a Python switch that loads and runs nothing")
+    if name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES):
+        return Decision(name, "allowed", "a setting SGLang or its libraries read")
+    return Decision(name, "accepted", "not known to the panel; passed to the server as given")
+
+
+def refusals(env: Mapping[str, str], allowances: Iterable[str] = (), node: str = "") -> list[str]:
+    """One message per refused variable of ``env`` (in name order), naming it and why, and how
+    to get it allowed on ``node``. Values are never quoted (they may be secrets). Empty: ok."""
+    allowances = list(allowances)
+    messages = []
+    for name in sorted(env):
+        decision = decide(name, allowances)
+        if not decision.refused:
+            continue
+        if check_name(name) is not None:
+            messages.append(decision.reason)
+            continue
+        where = f"node {node}" if node else "the node"
+        messages.append(
+            f"{name} is refused: {decision.reason}. Remove it, or ask an admin to allow {name} "
+            f"on {where} (node page → Edit → Allowed environment variables)"
+        )
+    return messages

@@ -1,0 +1,57 @@
+"""A node whose SSH host key changed: noticed by a fresh handshake, marked, audited.
+
+Once marked (status ``host_key_changed``) nothing is started or run there (``target_for``
+refuses the node) and launches running there are left as they are, until an admin trusts the
+new key (``discovery.trust_host_key``).
+"""
+
+from __future__ import annotations
+
+from django.db import transaction
+
+from nodes import ssh
+from nodes.audit import record
+from nodes.choices import NodeStatus
+from nodes.models import Node, NodeEvent
+from nodes.services.credentials import target_for
+
+
+def verify(node: Node, timeout: float = ssh.CONNECT_TIMEOUT_S) -> None:
+    """Check in a fresh handshake (no login, nothing run) that ``node`` presents its trusted
+    key. Raises ``ssh.RemoteError``: ``host_key_mismatch`` after marking the node, or the
+    reason no handshake completed (``unreachable``, ``timeout``)."""
+    target = target_for(node)
+    try:
+        ssh.check_host_key(target, timeout)
+    except ssh.RemoteError as exc:
+        if exc.kind == "host_key_mismatch":
+            mark_changed(node, exc)
+        raise
+
+
+def mark_changed(node: Node, error: ssh.RemoteError) -> None:
+    """Mark ``node`` as presenting a changed host key (once: status, event, audit) and close
+    this process's pooled connections to it."""
+    ssh.pool.drop_host(node.host, node.port)
+    with transaction.atomic():
+        before = Node.objects.select_for_update().values_list("status", flat=True).get(pk=node.pk)
+        if before != NodeStatus.HOST_KEY_CHANGED:
+            Node.objects.filter(pk=node.pk).update(
+                status=NodeStatus.HOST_KEY_CHANGED, status_reason=error.message
+            )
+            NodeEvent.objects.create(
+                node=node,
+                kind="host_key",
+                message=f"{before} → {NodeStatus.HOST_KEY_CHANGED}: {error.message}",
+            )
+            record(
+                "node.host_key_changed",
+                actor=None,
+                actor_name="panel",
+                obj=node,
+                before={"status": before, "trusted": node.host_key_fingerprint or None},
+                after={"status": NodeStatus.HOST_KEY_CHANGED, "presented": error.presented or None},
+            )
+    node.status = NodeStatus.HOST_KEY_CHANGED
+    if before != NodeStatus.HOST_KEY_CHANGED:
+        node.status_reason = error.message
