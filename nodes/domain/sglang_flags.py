@@ -123,20 +123,36 @@ def _literal(text: str) -> Any:
 VERSION_TEXT = re.compile(r"(?=.{1,32}\Z)" + VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
 
 
+#: An odd version's leading release numbers, and a pre- or dev-release marker right after them
+#: (PEP 440's spellings, with ``~`` as Debian writes it): ``0.5.9rc1-custom``, ``0.5.9~rc1``,
+#: ``0.5.9.dev3-x``. The marker must end there (``0.5.9-custom`` has none: ``c`` + ``ustom``).
+ODD_VERSION = re.compile(
+    r"(?P<release>\d{1,9}(?:\.\d{1,9}){0,3})"
+    r"(?:[-_.~]?(?P<pre>alpha|beta|preview|pre|rc|dev|a|b|c)(?![a-z])[-_.]?(?P<n>\d{0,9}))?",
+    re.IGNORECASE,
+)
+
+
 def sglang_version(text: str) -> Version:
     """``"0.5.9rc0"`` → ``Version("0.5.9rc0")``, ordered as pip orders releases (PEP 440): a
     pre-release or dev release of X comes before X, a post-release or local build after it.
 
     Text that is not PEP 440 (``0.5.9-custom``, a node's odd build) is read by its leading
-    release numbers; raises ``ValueError`` when it has none.
+    release numbers, and a pre- or dev-release marker right after them keeps it before its
+    release (``0.5.9rc1-custom`` → ``0.5.9rc1``, ``0.5.9~rc1`` → ``0.5.9rc1``); raises
+    ``ValueError`` when it has no release numbers.
     """
     try:
         return Version(text)
     except InvalidVersion:
-        release = re.match(r"\d{1,9}(?:\.\d{1,9}){0,3}", text.strip())
-        if release is None:
+        odd = ODD_VERSION.match(text.strip())
+        if odd is None:
             raise ValueError(f"{text[:32]!r} is not a version") from None
-        return Version(release[0])
+        if odd["pre"] is None:
+            return Version(odd["release"])
+        marker = odd["pre"].lower()
+        joiner = "." if marker == "dev" else ""
+        return Version(f"{odd['release']}{joiner}{marker}{odd['n'] or 0}")
 
 
 def table_for(version: str) -> str:

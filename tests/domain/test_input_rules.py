@@ -4,12 +4,14 @@ code, and SGLang versions ordered as pip orders them (pre-, post-, dev and local
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
 from nodes.domain.budget import NodeMemory, check
 from nodes.domain.sglang_flags import (
     VERSION_TEXT,
     is_port_flag,
     parse_command,
+    sglang_version,
     split_command,
     table_for,
 )
@@ -115,10 +117,31 @@ def test_harmless_interpreter_options_are_accepted(pasted):
         ("0.4.10", "0.4.10.post2"),  # older than every table: the oldest
         ("0.4.10.post3", "0.4.10.post2"),
         ("0.5.9-custom", "0.5.9"),  # not PEP 440: its release numbers
+        ("0.5.9_custom.2", "0.5.9"),
+        ("0.5.9-candidate", "0.5.9"),  # a word that only starts like "c" is no marker
+        # Not PEP 440 but marked as a pre-release: before its release, as pip would put it.
+        ("0.5.9rc1-custom", "0.5.2"),
+        ("0.5.9rc1custom", "0.5.2"),
+        ("0.5.9.rc1.custom", "0.5.2"),
+        ("0.5.9~rc1", "0.5.2"),
+        ("0.5.9-rc.1", "0.5.2"),
+        ("0.5.9-RC1-build7", "0.5.2"),
+        ("0.5.9beta-x", "0.5.2"),
+        ("0.5.9.dev3-custom", "0.5.2"),
+        ("0.5.23~alpha.2", "0.5.9"),
     ],
 )
 def test_each_version_form_gets_the_table_of_the_newest_release_not_after_it(version, chosen):
     assert table_for(version) == chosen
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [("0.5.9rc1-custom", "0.5.9rc1"), ("0.5.9~rc1", "0.5.9rc1"), ("0.5.9.dev3-x", "0.5.9.dev3"),
+     ("0.5.9-custom", "0.5.9"), ("0.5.9preview", "0.5.9rc0")],
+)  # fmt: skip
+def test_an_odd_version_is_read_as_its_release_and_pre_release_marker(text, read):
+    assert sglang_version(text) == Version(read)
 
 
 HICACHE_NODE = NodeMemory((96 * GiB,) * 8, 2000 * GB, mem_available_bytes=1900 * GB)
