@@ -47,7 +47,49 @@ def test_a_port_no_server_can_listen_on_is_refused_by_the_parser(version, flags,
     assert found and found[0].startswith(message)
 
 
-@pytest.mark.parametrize("flags", ["--port 1", "--port 65535", "--nccl-port 29500", ""])
+@pytest.mark.parametrize(
+    ("version", "flags", "message"),
+    [
+        ("0.5.9", "--dist-init-addr 127.0.0.1:70000", "port 70000 is not a TCP port"),
+        ("0.5.9", "--nccl-init-addr 127.0.0.1:0", "port 0 is not a TCP port"),
+        ("0.5.2", "--dist-init-addr=[::1]:-5", "port -5 is not a TCP port"),
+        ("0.4.10.post2", "--dist-init-addr node0:65536", "port 65536 is not a TCP port"),
+        ("0.5.23", "--dist-init-addr 10.0.0.1:99999", "port 99999 is not a TCP port"),
+    ],
+)
+def test_a_port_inside_an_address_flag_is_checked(version, flags, message):
+    found = issues(version, flags)
+    assert found and message in found[0] and found[0].startswith("--dist-init-addr")
+
+
+@pytest.mark.parametrize(
+    ("version", "flags", "top"),
+    [
+        # The re-run's case: ZMQ ports from 65535 + 233 on, past 65535.
+        ("0.5.9", "--port 65535 --enable-dp-attention --dp-size 2 --tp-size 2", 65535 + 233 + 6),
+        ("0.5.2", "--port 65300 --enable-dp-attention --dp-size 4 --tp-size 4", 65300 + 233 + 8),
+        ("0.5.23", "--port 65400 --attn-dp-size 2 --tp-size 2", 65400 + 233 + 6),
+        (
+            "0.5.9",
+            "--dist-init-addr 10.0.0.1:65533 --enable-dp-attention --dp-size 2 --tp-size 2",
+            65533 + 6,
+        ),
+    ],
+)
+def test_ports_sglang_derives_past_65535_are_refused_at_save(version, flags, top):
+    found = issues(version, flags)
+    assert found and f"= {top}, beyond 65535" in found[0]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--port 1", "--port 65535", "--nccl-port 29500", "",
+        "--dist-init-addr 10.0.0.1:5000", "--dist-init-addr [fe80::1]:5000",
+        "--port 65290 --enable-dp-attention --dp-size 2 --tp-size 2",  # tops at 65529
+        "--port 65535 --dp-size 2 --tp-size 2",  # replicas without DP attention: IPC sockets
+    ],
+)  # fmt: skip
 def test_real_ports_and_the_defaults_pass(flags):
     assert issues("0.5.9", flags) == []
 
