@@ -210,6 +210,44 @@ def test_launch_through_the_api_then_read_it_and_its_log(client, node, profile):
     assert client.get("/api/launches?status=nonsense", **headers).status_code == 422
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ("--nccl-port 0", "--nccl-port 0 is not a TCP port"),
+        ("--disaggregation-bootstrap-port 0", "--disaggregation-bootstrap-port 0 is not a TCP"),
+        ("--dist-init-addr 127.0.0.1:70000", "port 70000 is not a TCP port"),
+        ("--port 65535 --enable-dp-attention --dp-size 2", "beyond 65535"),
+        ("'$(id)'", "unrecognized arguments: $(id)"),
+        ("--gpus 9", "unrecognized arguments: 9"),
+    ],
+)
+def test_a_pasted_launch_the_parser_refuses_is_400_and_saves_nothing(client, node, flags, message):
+    node.host_key = (
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBdT4JxNkTy/+iculPU8JKSNDmkkoOmX7fwy4pE43/QY"
+    )
+    node.save()
+    command = f"python3 -m sglang.launch_server --model-path /m --tp-size 2 {flags}"
+    made = call(
+        client, "POST", "/api/launches", bearer("operator"), {"node": "gpu-01", "command": command}
+    )
+    assert made.status_code == 400, made.content
+    assert message in made.json()["detail"] and "override the sglang check" in made.json()["detail"]
+    assert not Launch.objects.exists() and not LaunchProfile.objects.exists()
+    assert not AuditEntry.objects.filter(action="launch.create").exists()
+
+
+def test_a_pasted_launch_with_the_sglang_check_overridden_goes_ahead(client, node):
+    node.host_key = (
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBdT4JxNkTy/+iculPU8JKSNDmkkoOmX7fwy4pE43/QY"
+    )
+    node.save()
+    command = "python3 -m sglang.launch_server --model-path /m --tp-size 2 --no-such-flag"
+    body = {"node": "gpu-01", "command": command, "overrides": {"sglang": "a custom build"}}
+    made = call(client, "POST", "/api/launches", bearer("operator"), body)
+    assert made.status_code == 202, made.content
+    assert Launch.objects.get().revision.args[-1] == "--no-such-flag"
+
+
 def test_export_then_import_into_an_empty_database_reproduces_profiles_revisions_stamps(
     node, profile
 ):

@@ -74,6 +74,26 @@ def test_the_api_refuses_the_hooks_when_validating_and_saving(client, node):
     assert not ProfileRevision.objects.exists()
 
 
+RERUN_HOOKS = [
+    "_PYTHON_SYSCONFIGDATA_NAME", "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND",
+    "TRITON_PTXAS_BLACKWELL_PATH", "NCCL_ENV_PLUGIN", "NVCC_PREPEND_FLAGS", "CUDAHOSTCXX",
+    "CUDA_HOME", "ZDOTDIR", "NCCL_DEBUG_FILE", "SSLKEYLOGFILE", "PYTHONOPTIMIZE",
+]  # fmt: skip
+
+
+def test_the_hooks_of_the_re_run_are_refused_by_the_api_and_a_pasted_launch(client, node):
+    response = api(
+        client, "/api/profiles/hooked/revisions",
+        {"node": "gpu-01", "args": ARGS, "env": dict.fromkeys(RERUN_HOOKS, "/tmp/x")},
+    )  # fmt: skip
+    assert response.status_code == 400, response.content
+    assert all(f"{name} is refused" in response.json()["detail"] for name in RERUN_HOOKS)
+    pasted = "PYTHONOPTIMIZE=2 python3 -m sglang.launch_server --model-path /m"
+    with pytest.raises(launches.LaunchInputError, match="PYTHONOPTIMIZE is refused"):
+        launches.submit(node=node, actor=make_user("olga", "operator"), command=pasted)
+    assert not ProfileRevision.objects.exists() and not Launch.objects.exists()
+
+
 def test_the_import_refuses_the_hooks_and_saves_nothing(node):
     with pytest.raises(exchange.ImportRefused, match="hooked@1: BROWSER is refused"):
         exchange.import_(export_doc(ATTACK), author="cli")

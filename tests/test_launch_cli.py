@@ -104,6 +104,8 @@ def test_blocked_preflight_exits_2_with_the_checks_as_json(cli, spare, launch_wo
             "given twice",
         ),
         (["--node", "spare", "--timeout", "1e30", "--", *SERVER, *QWEN], "between 1 and"),
+        (["--node", "spare", "--", *SERVER, *QWEN, "--nccl-port", "0"], "is not a TCP port"),
+        (["--node", "spare", "--", *SERVER, *QWEN, "$(id)"], "unrecognized arguments: $(id)"),
     ],
 )
 def test_unusable_input_exits_2_with_one_line_and_creates_nothing(cli, spare, args, message):
@@ -226,10 +228,9 @@ def test_a_secret_in_a_refused_flag_never_shows(cli, spare, launch_workers):
         "--ap",
         "SEKRETAP1",
     )
+    # Refused up front, as the profile doors refuse it: nothing saved, the secret not echoed.
     assert done.returncode == 2, done.stderr
-    assert "SEKRET" not in done.stdout and "****" in done.stdout
-    launch = Launch.objects.get(pk=json.loads(done.stdout)["id"])
-    shown = json.dumps([launch.checks, launch.reason, launch.revision.report])
-    assert "SEKRET" not in shown
+    assert "SEKRET" not in done.stdout + done.stderr and "refuses it" in done.stderr
+    assert not Launch.objects.exists() and not LaunchProfile.objects.exists()
     audit = json.dumps(list(AuditEntry.objects.values("before", "after")), default=str)
     assert "SEKRET" not in audit

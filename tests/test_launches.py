@@ -278,7 +278,8 @@ def test_a_node_cut_off_for_a_minute_is_lost_then_recovered(incident, olga, laun
 def test_secrets_are_masked_in_the_stored_command_environment_and_log(spare, olga, launch_workers):
     command = (
         "HF_TOKEN=hf_secret_value MY_PASSWD=pw_secret_value AWS_SECRET_ACCESS_KEY=aws_secret_value "
-        f"{SMALL} --api-key sk-very-secret"
+        "PGPASSWORD=pg_secret_value GH_TOKENS=gh_secret_value "
+        f"{SMALL} --api-key sk-very-secret --tool-server http://u:pw-tool-secret9@tools:9"
     )
     launch = launches.submit(node=spare, command=command, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
@@ -289,7 +290,10 @@ def test_secrets_are_masked_in_the_stored_command_environment_and_log(spare, olg
     node_files = spare.sim.ok(f"cat {launch.remote_dir}/command {launch.remote_dir}/env")
     assert "sk-very-secret" not in node_files and "_secret_value" not in node_files
     audit = json.dumps(list(AuditEntry.objects.values("after")), default=str)
-    assert "sk-very-secret" not in audit and "hf_secret_value" not in audit
+    assert "sk-very-secret" not in audit and "_secret_value" not in audit
+    # A password inside a flag's value: masked in the log, the node's files and the audit.
+    assert not [t for t in (stored, node_files, audit) if "pw-tool-secret9" in t]
+    assert "http://u:****@tools:9" in node_files
     assert "--api-key '****'" in launch.revision.command_line()
 
 

@@ -222,6 +222,14 @@ def test_the_node_page_lists_its_launches(viewer_client, node, revision):
             {"command": "cd /x && python3 -m sglang.launch_server --model-path /m"},
             "would not be run",
         ),
+        (
+            {"command": "python3 -m sglang.launch_server --model-path /m --nccl-port 0"},
+            "--nccl-port 0 is not a TCP port",
+        ),
+        (
+            {"command": "python3 -m sglang.launch_server --model-path /m '$(id)'"},
+            "unrecognized arguments: $(id)",
+        ),
     ],
 )
 def test_the_form_says_what_is_wrong_with_a_pasted_command(operator_client, node, data, message):

@@ -194,6 +194,33 @@ def test_secret_env_names_are_masked_on_the_page_in_the_audit_and_the_api(
         assert "--skip-tokenizer-init --" in text or '--skip-tokenizer-init"' in text, where
 
 
+def test_glued_secret_names_and_secrets_inside_flag_values_are_masked_on_the_page_and_api(
+    operator_client, operator
+):
+    from nodes.services import tokens
+
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23")
+    env = "PGPASSWORD=pg-foxtrot-6\nGH_TOKENS=gh-golf-7\nMAX_TOKENS=4096"
+    flags = (
+        "--tool-server http://u:pw-hotel-8@tools:9000 --max-total-tokens 100000 "
+        """--model-loader-extra-config '{"password": "india-9"}'"""
+    )
+    data = form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
+    operator_client.post(reverse("nodes:profile-create"), data)
+    profile = LaunchProfile.objects.get()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 'test')}"}
+    page = operator_client.get(reverse("nodes:profile-detail", args=[profile.pk])).content.decode()
+    api = operator_client.get(f"/api/profiles/{profile.name}", **auth).json()
+    for text in (page, json.dumps(api)):
+        assert not [s for s in ("pg-foxtrot-6", "gh-golf-7", "pw-hotel-8", "india-9") if s in text]
+        assert "100000" in text and "4096" in text  # counts are no secrets
+    revision = api["revisions"][0]
+    assert revision["env"]["PGPASSWORD"] == "****" and revision["env"]["GH_TOKENS"] == "****"
+    assert "http://u:****@tools:9000" in revision["args"]
+    assert '{"password": "****"}' in revision["args"]
+    assert "http://u:****@tools:9000" in page
+
+
 def test_gpu_memory_matters(operator_client):
     node = make_node("small", host_ram_bytes=449 * GB)
     node.gpus.update(memory_total_bytes=24 * GiB)

@@ -34,11 +34,15 @@ Sources for the refused names:
   ``antigravity``, which opens ``$BROWSER``), ``PYTHONBREAKPOINT`` (imports a callable),
   ``PYTHONINSPECT``, ``PYTHONEXECUTABLE``, ``PYTHONPYCACHEPREFIX`` (bytecode read from a
   folder). Python adds such variables often, so every ``PYTHON*`` is refused except a short
-  list of switches that load nothing (``PYTHON_SWITCHES``).
+  list of switches that load nothing (``PYTHON_SWITCHES``); ``PYTHONOPTIMIZE`` is refused as
+  ``-O`` is (it strips SGLang's assertions). ``_PYTHON_SYSCONFIGDATA_NAME``/``_PATH`` (the
+  ``sysconfig`` module imports the module they name): every ``_PYTHON*``.
 - ``webbrowser`` (``BROWSER`` is a command line), ``pydoc`` (``PAGER``, ``MANPAGER``), git
   (``GIT_*``: ``GIT_SSH_COMMAND``, ``GIT_CONFIG_*`` set ``core.fsmonitor`` and friends),
   ``ssh``/``sudo`` askpass programs, editors.
-- bash(1) "INVOCATION" and "Shell Variables": ``BASH_ENV`` and ``ENV`` name files a shell runs,
+- bash(1) "INVOCATION" and "Shell Variables": ``BASH_ENV`` and ``ENV`` name files a shell runs
+  (zsh's ``ZDOTDIR`` the folder of its start-up files, ``FPATH`` where zsh and ksh load
+  functions from, ``XDG_CONFIG_HOME`` where git and fish read configuration that runs commands),
   ``SHELLOPTS``/``BASHOPTS`` with ``PS4`` run command substitutions under ``xtrace``, ``IFS``
   and ``CDPATH`` change how scripts read words and paths, ``PROMPT_COMMAND``; ``PATH`` chooses
   which program every unqualified command is; ``HOME`` moves the user site-packages.
@@ -47,11 +51,28 @@ Sources for the refused names:
   ``JAVA_TOOL_OPTIONS``/``_JAVA_OPTIONS``/``JDK_JAVA_OPTIONS`` (``-javaagent``).
 - Libraries the server loads: OpenSSL's ``OPENSSL_CONF`` (loads engines and providers),
   ``OPENSSL_ENGINES``/``OPENSSL_MODULES``; CUDA's ``CUDA_INJECTION64_PATH`` and NVTX's
-  ``NVTX_INJECTION64_PATH`` (a library loaded into every CUDA process); NCCL's
-  ``NCCL_NET_PLUGIN``/``NCCL_TUNER_PLUGIN``/``NCCL_PROFILER_PLUGIN`` (plug-in libraries) and
-  ``NCCL_CONF_FILE`` (sets them); OpenMP's ``OMP_TOOL_LIBRARIES``; Triton's
-  ``TRITON_PTXAS_PATH`` and sibling tool paths and the compilers ``CC``/``CXX`` (run to build
-  kernels); ``DYLD_*`` (macOS' loader).
+  ``NVTX_INJECTION64_PATH`` (a library loaded into every CUDA process); NCCL's plug-in
+  libraries (every ``NCCL_*PLUGIN*``: ``NET``, ``TUNER``, ``PROFILER``, ``ENV``…) and its files
+  (every ``NCCL_*FILE``: ``NCCL_CONF_FILE`` sets the plug-ins, ``NCCL_DEBUG_FILE`` and
+  ``NCCL_TOPO_DUMP_FILE`` are written); OpenMP's ``OMP_TOOL_LIBRARIES``; Triton's knobs
+  (``triton/knobs.py``) that name a program, library, module or path (every ``TRITON_*PATH``,
+  ``TRITON_*MANAGER``, ``TRITON_*BACKEND``: ``TRITON_PTXAS_BLACKWELL_PATH``,
+  ``TRITON_LIBDEVICE_PATH``, ``TRITON_CACHE_MANAGER``, ``TRITON_REMOTE_CACHE_BACKEND``…);
+  ``DYLD_*`` (macOS' loader).
+- Compilers the server's JIT builds (Triton, PyTorch extensions, FlashInfer, DeepGEMM) run and
+  their inputs: ``CC``/``CXX``, ``CUDACXX``/``CUDAHOSTCXX``, ``NVCC_*``
+  (``NVCC_PREPEND_FLAGS``, ``NVCC_CCBIN``), ``HIPCC_*``, ``CUDA_HOME``/``CUDA_PATH``/
+  ``ROCM_PATH`` (their ``bin/nvcc`` is run; an admin allows them on a node whose toolkit is not
+  where the tools look), ``CFLAGS``/``LDFLAGS`` (``-fplugin``), gcc's ``GCC_EXEC_PREFIX``,
+  ``COMPILER_PATH``, ``CPATH``, ``LIBRARY_PATH``.
+- Files written as the server's user (often root, so any file): glibc's ``MALLOC_TRACE``,
+  ``SSLKEYLOGFILE`` (and every ``*LOGFILE``, ``*_LOG_FILE``, ``*_DEBUG_FILE``,
+  ``*_DUMP_FILE``, ``*_TRACE_FILE``…), cuBLAS/cuDNN's ``*_LOGDEST_DBG``, PyTorch's
+  ``TORCH_LOGS_OUT``.
+
+Folders where the server keeps its own caches (``TRITON_CACHE_DIR``, ``HF_HOME``, ``TMPDIR``)
+stay allowed: the server writes them with names of its own, and the profile cannot place code
+in them.
 """
 
 from __future__ import annotations
@@ -115,6 +136,31 @@ REFUSED: dict[str, str] = {
     "TRITON_LIBCUDA_PATH": "Triton loads libcuda from it",
     "CC": "Triton and PyTorch run the compiler it names to build kernels",
     "CXX": "PyTorch runs the compiler it names to build extensions",
+    "CUDACXX": "CUDA builds run the compiler it names",
+    "CUDAHOSTCXX": "nvcc runs the host compiler it names",
+    "CUDA_HOME": "JIT kernel builds (PyTorch, FlashInfer, DeepGEMM) run its bin/nvcc",
+    "CUDA_PATH": "JIT kernel builds (PyTorch, FlashInfer, DeepGEMM) run its bin/nvcc",
+    "CUDA_ROOT": "JIT kernel builds run its bin/nvcc",
+    "ROCM_HOME": "JIT kernel builds on ROCm run its compilers",
+    "ROCM_PATH": "JIT kernel builds on ROCm run its compilers",
+    "HIP_PATH": "JIT kernel builds on ROCm run its compilers",
+    "CFLAGS": "kernel builds pass it to the compiler (-fplugin loads a library)",
+    "CXXFLAGS": "kernel builds pass it to the compiler (-fplugin loads a library)",
+    "CPPFLAGS": "kernel builds pass it to the compiler",
+    "LDFLAGS": "kernel builds pass it to the linker (libraries linked into the server)",
+    "GCC_EXEC_PREFIX": "gcc runs its sub-programs (cc1, as, ld) from it",
+    "COMPILER_PATH": "gcc runs its sub-programs (cc1, as, ld) from it",
+    "LIBRARY_PATH": "the linker links libraries from it into what kernel builds load",
+    "CPATH": "kernel builds include headers (code) from it",
+    "C_INCLUDE_PATH": "kernel builds include headers (code) from it",
+    "CPLUS_INCLUDE_PATH": "kernel builds include headers (code) from it",
+    "DEPENDENCIES_OUTPUT": "gcc writes a file where it says",
+    "SUNPRO_DEPENDENCIES": "gcc writes a file where it says",
+    "ZDOTDIR": "zsh runs the start-up files (.zshenv…) in the folder it names",
+    "FPATH": "zsh and ksh load shell functions from it",
+    "XDG_CONFIG_HOME": "programs (git, fish, pip) read configuration that runs commands from it",
+    "TCLLIBPATH": "Tcl loads packages from it",
+    "PYTHONOPTIMIZE": "it strips the assertions SGLang checks its memory with (as -O does)",
     "PERL5OPT": "perl reads options, -M modules included, from it",
     "PERL5LIB": "perl loads modules from it",
     "PERLLIB": "perl loads modules from it",
@@ -134,6 +180,35 @@ REFUSED_PREFIXES: tuple[tuple[str, str], ...] = (
     ("GIT_", "git runs the programs and configuration GIT_* variables name"),
     ("BASH_", "bash reads BASH_* variables (functions, start-up files) when it starts"),
     ("PYTHON", "the Python interpreter reads PYTHON* variables before the server's own code"),
+    ("_PYTHON", "Python's sysconfig imports or runs what _PYTHON* variables name"),
+    ("NVCC_", "nvcc reads NVCC_* variables: extra flags and the host compiler it runs"),
+    ("HIPCC_", "hipcc reads HIPCC_* variables: extra flags and the compilers it runs"),
+    ("LUA_", "lua runs LUA_INIT code and loads modules from LUA_PATH/LUA_CPATH"),
+)
+# Patterns refused wherever they appear in a name (families included): what they name is a
+# program, module, library or plug-in the server runs or loads, or a file it writes as its user
+# (which can overwrite any file that user may write: root's start-up files, say).
+REFUSED_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"TRITON_\w*(PATH|MANAGER|BACKEND)"),
+        "Triton runs, loads or imports what its *_PATH, *_MANAGER and *_BACKEND variables name",
+    ),
+    (re.compile(r"NCCL_\w*PLUGIN\w*"), "NCCL loads the plug-in library it names into every rank"),
+    (
+        re.compile(r"NCCL_\w*FILE"),
+        "NCCL reads or writes the file it names as the server's user (any file that user may "
+        "touch)",
+    ),
+    (
+        re.compile(r"\w*(LOGFILE|LOG_FILE|_(DEBUG|DUMP|TRACE|TEMP|OUT|OUTPUT|COREDUMP)_FILE)"),
+        "the server writes the file it names as its user (it can overwrite any file that user "
+        "may write)",
+    ),
+    (
+        re.compile(r"\w*(LOGDEST|LOGDEST_DBG|_LOGS_OUT)"),
+        "the server writes the file it names as its user (it can overwrite any file that user "
+        "may write)",
+    ),
 )
 # PYTHON* switches that load, import or run nothing (Python's "Command line and environment").
 PYTHON_SWITCHES = frozenset(
@@ -144,7 +219,6 @@ PYTHON_SWITCHES = frozenset(
         "PYTHONDONTWRITEBYTECODE",
         "PYTHONIOENCODING",
         "PYTHONUTF8",
-        "PYTHONOPTIMIZE",
         "PYTHONDEVMODE",
         "PYTHONTRACEMALLOC",
         "PYTHONNOUSERSITE",
@@ -242,6 +316,9 @@ def _hook(name: str) -> str | None:
         return None
     for prefix, reason in REFUSED_PREFIXES:
         if name.startswith(prefix):
+            return reason
+    for pattern, reason in REFUSED_PATTERNS:
+        if pattern.fullmatch(name):
             return reason
     return None
 

@@ -12,15 +12,13 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from nodes.domain.budget import BudgetReport
-from nodes.domain.sglang_flags import ParsedCommand
+from nodes.domain.sglang_flags import ZMQ_TCP_PORT_DELTA, ParsedCommand
 from nodes.domain.units import GiB, format_bytes
 
 #: A GPU counts as idle below this much used memory (the driver itself holds a few MiB).
 IDLE_GPU_BYTES = 1 * GiB
 #: With more than one rank, NCCL moves data through /dev/shm; Docker's 64 MiB default breaks it.
 MIN_SHM_BYTES = 1 * GiB
-#: SGLang's fixed offset of its ZMQ TCP port with DP attention (``ZMQ_TCP_PORT_DELTA``, §1b).
-ZMQ_TCP_PORT_DELTA = 233
 DEFAULT_PORT = 30000
 
 CHECK_NAMES: tuple[str, ...] = (

@@ -3,12 +3,17 @@
 Two rules decide what is secret:
 
 - a *name* (environment variable, ``key=value`` in a log, a flag SGLang does not know) is secret
-  when one of its parts, split at ``_``, ``-``, ``.`` and camelCase, is a secret word
-  (:func:`is_secret_name`): ``HF_TOKEN``, ``OPENAI_API_KEY``, ``MY_PASSWD``,
-  ``GOOGLE_APPLICATION_CREDENTIALS``; not ``TOKENIZERS_PARALLELISM`` or ``KEYFRAME_RATE``;
+  when one of its parts, split at ``_``, ``-``, ``.`` and camelCase, holds a word that is never
+  anything but secret (``PASSWORD``, ``PASSWD``, ``SECRET``, ``CREDENTIAL``…, glued or not:
+  ``PGPASSWORD``, ``MYSECRET``), or its last part is ``KEY(S)``, ``TOKEN(S)``, ``PASS``…
+  (:func:`is_secret_name`): ``HF_TOKEN``, ``GH_TOKENS``, ``OPENAI_API_KEY``; not
+  ``TOKENIZERS_PARALLELISM`` or ``KEYFRAME_RATE``. A plain number under a name secret only
+  through ``TOKENS``/``KEYS`` is a count and stays (``max_total_num_tokens=100000``, :func:`hides`);
 - a *flag* SGLang knows is secret when its version's flag table says it stores a string under a
   secret name (``--api-key``, ``--admin-api-key``, ``--ssl-keyfile-password``): abbreviations are
-  resolved as argparse resolves them, and a flag that takes no value hides nothing.
+  resolved as argparse resolves them, and a flag that takes no value hides nothing. Any other
+  flag's value is masked where it spells a secret out: a URL's password
+  (``--tool-server http://u:****@h``), ``{"secret_key": "****"}``, ``?token=****``.
 
 Masking log text never rewrites what the log parser reads: a known secret is replaced wherever it
 appears only when it is distinctive (long, not a number); any secret is masked where the text
@@ -26,19 +31,23 @@ from typing import Any
 from nodes.domain.sglang_flags import LIST_DESTS, FlagTable, parse_table
 
 MASK = "****"
-# A name holding one of these parts anywhere is secret (SECRET_KEY_BASE, PRIVATE_KEY_PATH).
-SECRET_PARTS = frozenset(
-    {
-        *("SECRET", "SECRETS", "PASSWORD", "PASSWORDS", "PASSWD", "PASSPHRASE", "PRIVATE"),
-        *("CREDENTIAL", "CREDENTIALS", "CREDS", "APIKEY", "ACCESSKEY", "SECRETKEY", "AUTHTOKEN"),
-        *("COOKIE", "COOKIES"),
-    }
+# Words that are never anything but secrets: a name with one of them inside any part is secret,
+# glued to other words or not (PGPASSWORD, DBPASSWORD, MYSECRET, SECRET_KEY_BASE, openaiApiKey).
+SECRET_WORDS = (
+    *("PASSWORD", "PASSWD", "PASSPHRASE", "SECRET", "CREDENTIAL"),
+    *("APIKEY", "ACCESSKEY", "AUTHTOKEN"),
 )
+# Whole parts that are secret anywhere in a name (PRIVATE_KEY_PATH, SESSION_COOKIE).
+SECRET_PARTS = frozenset({"PRIVATE", "CREDS", "COOKIE", "COOKIES"})
 # These also name ordinary settings (TOKEN_USAGE, KEY_FRAMES, SESSION_ID), so they make a name
-# secret only as its last word: HF_TOKEN, OPENAI_KEY, MY_PASS, SENTRY_DSN, HTTP_AUTH.
+# secret only as its last word: HF_TOKEN, GH_TOKENS, OPENAI_KEY, MY_PASS, SENTRY_DSN, HTTP_AUTH.
 LAST_PARTS = frozenset(
-    {"KEY", "KEYS", "TOKEN", "PASS", "PWD", "AUTH", "AUTHORIZATION", "DSN", "BEARER"}
+    {"KEY", "KEYS", "TOKEN", "TOKENS", "PASS", "PWD", "AUTH", "AUTHORIZATION", "DSN", "BEARER"}
 )
+# …and the plurals also end the names of counts (MAX_TOKENS, max_total_num_tokens, NUM_KEYS): a
+# name secret only through one of them shows a value that is a plain number (``hides``).
+COUNT_PARTS = frozenset({"TOKENS", "KEYS"})
+_NUMBER = re.compile(r"[+-]?\d+(?:\.\d+)?")
 TABLE_FILE = Path(__file__).resolve().parent.parent / "data" / "sglang-flags-by-version.tsv"
 
 
@@ -50,11 +59,29 @@ def is_secret_name(name: str) -> bool:
     parts = _parts(name)
     if not parts:
         return False
-    if any(part in SECRET_PARTS for part in parts):
+    if _always_secret(parts):
         return True
     if parts == ["PWD"]:
         return False
     return parts[-1] in LAST_PARTS
+
+
+def _always_secret(parts: list[str]) -> bool:
+    return any(part in SECRET_PARTS or any(w in part for w in SECRET_WORDS) for part in parts)
+
+
+def hides(name: str, value: str) -> bool:
+    """Whether ``name`` holding ``value`` is a secret to mask: ``is_secret_name``, except that a
+    count (``MAX_TOKENS=4096``, ``max_total_num_tokens=100000``: secret only through a plural
+    last word, holding a plain number) is shown, so the numbers the log parser reads stay."""
+    return is_secret_name(name) and not _a_count(name, value)
+
+
+def _a_count(name: str, value: str) -> bool:
+    parts = _parts(name)
+    if not parts or parts[-1] not in COUNT_PARTS or _always_secret(parts):
+        return False
+    return _NUMBER.fullmatch(value.strip()) is not None
 
 
 def _parts(name: str) -> list[str]:
@@ -140,19 +167,21 @@ def _redact_with(args: list[str], options: _Options) -> list[str]:
             break
         if not _is_option(word):
             continue
-        name, eq, _ = word.partition("=")
+        name, eq, given = word.partition("=")
         matches = options.resolve(word if word in options.takes else name)
-        # A flag this version does not know is secret by its name.
+        # A flag this version does not know is secret by its name (a count is no secret).
         secret = any(m in options.secret for m in matches) if matches else is_secret_name(name)
         if eq:
-            if secret:
+            if secret and (matches or hides(name, given)):
                 out[i - 1] = f"{name}={MASK}"
             continue
         takes = options.takes[matches[0]] if len(matches) == 1 else (1 if secret else 0)
         if takes == 1 and i < len(args):
             # A secret's value is hidden unless it is plainly the next flag; argparse would
             # refuse ``--api-key -x`` anyway, and showing ``-x`` could leak it.
-            if secret and not args[i].startswith("--"):
+            if secret and not matches and _a_count(name, args[i]):
+                i += 1
+            elif secret and not args[i].startswith("--"):
                 out[i] = MASK
                 i += 1
             elif not secret and not _is_option(args[i]):
@@ -169,13 +198,18 @@ def redact_args(
     """``["--api-key", "abc"]`` → ``["--api-key", "****"]`` (also ``--api-key=abc`` and any
     abbreviation argparse expands to a secret flag). ``tables``: the node's SGLang version's
     flag table; by default every known version's, and a value any of them would take as
-    secret is masked."""
+    secret is masked. Secrets inside any other word are masked where the word spells them out
+    (``mask_assignments``): a URL's password (``--tool-server http://u:****@h``), a secret key
+    of a JSON or ``k=v`` value (``'{"secret_key": "****"}'``, ``?token=****``)."""
     out = list(args)
     for table in _tables(tables):
         for i, shown in enumerate(_redact_with(args, _options(table))):
             if shown != args[i]:
                 out[i] = shown
-    return out
+    return [
+        mask_assignments(shown) if shown == real else shown
+        for shown, real in zip(out, args, strict=True)
+    ]
 
 
 def is_secret_flag(flag: str, tables: FlagTable | Sequence[FlagTable] | None = None) -> bool:
@@ -193,15 +227,24 @@ _URL_PASSWORD = re.compile(
 
 
 def _env_value(name: str, value: str) -> str:
-    if is_secret_name(name):
+    if hides(name, value):
         return MASK
-    return _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", value)
+    return mask_assignments(value)
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
     """Values of variables whose names look secret (``HF_TOKEN``, ``*_API_KEY``, ``MY_PASSWD``,
-    ``*_CREDENTIALS``…) masked, and passwords inside URLs (``postgres://u:****@db``)."""
+    ``PGPASSWORD``, ``GH_TOKENS``, ``*_CREDENTIALS``…) masked, and secrets other values spell
+    out: passwords inside URLs (``postgres://u:****@db``), ``{"password": "****"}``."""
     return {k: _env_value(k, v) for k, v in env.items()}
+
+
+def _masked_parts(shown: str, real: str) -> list[str]:
+    """What ``****`` stands for in ``shown``, read against ``real`` (``--api-key=****`` →
+    the key; ``http://u:****@h`` → the password)."""
+    pieces = shown.split(MASK)
+    found = re.fullmatch("(.*?)".join(map(re.escape, pieces)), real, re.DOTALL)
+    return list(found.groups()) if found else [real]
 
 
 def secret_values(
@@ -212,13 +255,10 @@ def secret_values(
     found: list[str] = []
     for shown, real in zip(redact_args(args, tables), args, strict=True):
         if shown != real:
-            found.append(real.split("=", 1)[1] if shown.endswith("=" + MASK) else real)
+            found += _masked_parts(shown, real)
     for name, value in env.items():
-        if is_secret_name(name):
-            found.append(value)
-        else:
-            found += [m["pw"] for m in _URL_PASSWORD.finditer(value)]
-    return sorted({v for v in found if v}, key=len, reverse=True)
+        found += _masked_parts(_env_value(name, value), value)
+    return sorted({v for v in found if v and v != MASK}, key=len, reverse=True)
 
 
 # --- text --------------------------------------------------------------------------------------
@@ -275,7 +315,7 @@ def _secret_key(name: str, separator: str) -> bool:
         return is_secret_name(name)
     # ``#token: 5`` in a progress line is a count: after a bare ``name:`` only the words that
     # are never anything but secrets count (``password: …``).
-    return any(part in SECRET_PARTS for part in _parts(name))
+    return _always_secret(_parts(name))
 
 
 def _mask_named(text: str, pattern: re.Pattern[str], secret: Callable[[str, str], bool]) -> str:
@@ -287,6 +327,8 @@ def _mask_named(text: str, pattern: re.Pattern[str], secret: Callable[[str, str]
             continue
         value = _VALUE.match(text, match.end())
         if value is None or value["value"] in _NOT_SECRET:
+            continue
+        if _a_count(match["name"], value["value"]):  # max_total_num_tokens=100000
             continue
         out += [text[last : match.end()], value["quote"] or "", MASK]
         last = value.end()

@@ -4,11 +4,12 @@ environment variables."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodes.domain.redact import MASK, is_secret_flag, redact_env
+from nodes.domain.redact import MASK, is_secret_flag, mask_assignments, redact_env
 from nodes.domain.sglang_flags import FlagTable, parse_command
 
 
@@ -49,6 +50,8 @@ def diff(
         name = names.get(dest, dest)
         if is_secret_flag(name, table):
             before, after = (MASK if v is not None else None for v in (before, after))
+        else:
+            before, after = _shown(before), _shown(after)
         changes.append(Change(name, kind, before, after))
     shown_a, shown_b = redact_env(dict(env_a or {})), redact_env(dict(env_b or {}))
     for var in sorted(set(shown_a) | set(shown_b)):
@@ -63,3 +66,20 @@ def _name(options: Sequence[str]) -> str:
     """The longest ``--`` spelling: SGLang's canonical name (``--tp-size`` over ``--tp``)."""
     long = [o for o in options if o.startswith("--")]
     return max(long, key=len) if long else options[0]
+
+
+def _shown(value: Any) -> Any:
+    """A flag's parsed value with the secrets it spells out masked (a URL's password, a JSON
+    value's ``"secret_key"``); a parsed JSON value stays JSON where the mask allows."""
+    if isinstance(value, str):
+        return mask_assignments(value)
+    if not isinstance(value, dict | list):
+        return value
+    text = json.dumps(value)
+    masked = mask_assignments(text)
+    if masked == text:
+        return value
+    try:
+        return json.loads(masked)
+    except ValueError:
+        return masked

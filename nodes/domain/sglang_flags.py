@@ -123,20 +123,36 @@ def _literal(text: str) -> Any:
 VERSION_TEXT = re.compile(r"(?=.{1,32}\Z)" + VERSION_PATTERN, re.VERBOSE | re.IGNORECASE)
 
 
+#: An odd version's leading release numbers, and a pre- or dev-release marker right after them
+#: (PEP 440's spellings, with ``~`` as Debian writes it): ``0.5.9rc1-custom``, ``0.5.9~rc1``,
+#: ``0.5.9.dev3-x``. The marker must end there (``0.5.9-custom`` has none: ``c`` + ``ustom``).
+ODD_VERSION = re.compile(
+    r"(?P<release>\d{1,9}(?:\.\d{1,9}){0,3})"
+    r"(?:[-_.~]?(?P<pre>alpha|beta|preview|pre|rc|dev|a|b|c)(?![a-z])[-_.]?(?P<n>\d{0,9}))?",
+    re.IGNORECASE,
+)
+
+
 def sglang_version(text: str) -> Version:
     """``"0.5.9rc0"`` → ``Version("0.5.9rc0")``, ordered as pip orders releases (PEP 440): a
     pre-release or dev release of X comes before X, a post-release or local build after it.
 
     Text that is not PEP 440 (``0.5.9-custom``, a node's odd build) is read by its leading
-    release numbers; raises ``ValueError`` when it has none.
+    release numbers, and a pre- or dev-release marker right after them keeps it before its
+    release (``0.5.9rc1-custom`` → ``0.5.9rc1``, ``0.5.9~rc1`` → ``0.5.9rc1``); raises
+    ``ValueError`` when it has no release numbers.
     """
     try:
         return Version(text)
     except InvalidVersion:
-        release = re.match(r"\d{1,9}(?:\.\d{1,9}){0,3}", text.strip())
-        if release is None:
+        odd = ODD_VERSION.match(text.strip())
+        if odd is None:
             raise ValueError(f"{text[:32]!r} is not a version") from None
-        return Version(release[0])
+        if odd["pre"] is None:
+            return Version(odd["release"])
+        marker = odd["pre"].lower()
+        joiner = "." if marker == "dev" else ""
+        return Version(f"{odd['release']}{joiner}{marker}{odd['n'] or 0}")
 
 
 def table_for(version: str) -> str:
@@ -382,23 +398,91 @@ def is_port_flag(spec: FlagSpec) -> bool:
     return spec.dest == "port" or spec.dest.endswith(("_port", "_ports"))
 
 
+def is_address_flag(spec: FlagSpec) -> bool:
+    """Flags that name a ``HOST:PORT`` address, read from the table: every dest ending in
+    ``_addr`` or ``_address`` (``--dist-init-addr``, alias ``--nccl-init-addr``)."""
+    return spec.dest.endswith(("_addr", "_address"))
+
+
+#: With DP attention SGLang's ZMQ sockets are TCP: from ``--dist-init-addr``'s port, else from
+#: ``--port`` + 233 on one node (``ZMQ_TCP_PORT_DELTA``), taking that port + 1 … + 4 + dp size
+#: (shared/reference/sglang.md §1b; ``server_args.py @0.5.2 :2633-2650``).
+ZMQ_TCP_PORT_DELTA = 233
+
+
+def address_port(address: str) -> str | None:
+    """The port text of ``HOST:PORT`` (``[v6]:PORT`` too), ``None`` when none is given."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or host.endswith(":") or not re.fullmatch(r"[+-]?\d+", port):
+        return None
+    return port
+
+
+def derived_ports(values: dict[str, Any]) -> tuple[int, str, str] | None:
+    """``(highest port, how it is derived, the flag it comes from)`` for the TCP ports SGLang
+    derives from the command's ports, when it derives any: with DP attention
+    (``--enable-dp-attention``, or 0.5.23's ``--attn-dp-size`` > 1) the ZMQ ports run up to the
+    base port + 4 + the DP size, the base being ``--dist-init-addr``'s port, else ``--port`` +
+    ``ZMQ_TCP_PORT_DELTA``."""
+    attn_dp = values.get("attn_dp_size")
+    attn_dp = attn_dp if isinstance(attn_dp, int) and attn_dp > 1 else None
+    if not values.get("enable_dp_attention") and attn_dp is None:
+        return None
+    dp = attn_dp or values.get("dp_size") or values.get("data_parallel_size")
+    dp = dp if isinstance(dp, int) and dp > 0 else 1
+    given = address_port(str(values.get("dist_init_addr") or ""))
+    if given is not None:
+        base, how, flag = int(given), f"--dist-init-addr's port {given}", "--dist-init-addr"
+    else:
+        port = values.get("port")
+        port = port if isinstance(port, int) else 30000
+        base, how, flag = (
+            port + ZMQ_TCP_PORT_DELTA,
+            f"--port {port} + {ZMQ_TCP_PORT_DELTA}",
+            "--port",
+        )
+    return base + 4 + dp, f"{how} + 4 + DP size {dp}", flag
+
+
+def _port_number(port: Any) -> int | None:
+    if isinstance(port, int) and not isinstance(port, bool):
+        return port
+    if isinstance(port, str) and re.fullmatch(r"[+-]?\d+", port.strip()):
+        return int(port)
+    return None
+
+
 def _port_issues(values: dict[str, Any], table: FlagTable) -> list[FlagIssue]:
     """SGLang takes any integer for a port and fails only when it binds; refuse at once what no
-    TCP server can listen on (0, negatives, above 65535)."""
+    TCP server can listen on (0, negatives, above 65535): port flags, the port of an address
+    flag, and the highest port SGLang derives from them (``derived_ports``)."""
     issues = []
     for spec in table.flags:
         value = values.get(spec.dest)
+        flag = spec.options[0]
+        if value is not None and is_address_flag(spec):
+            port_text = address_port(str(value))
+            number = _port_number(port_text)
+            if number is not None and not 1 <= number <= 65535:
+                text = f"{flag} {str(value)[:40]}: port {port_text} is not a TCP port (1–65535)"
+                issues.append(FlagIssue("invalid", flag, text))
+            continue
         if value is None or not is_port_flag(spec):
             continue
         for port in value if isinstance(value, list) else [value]:
-            number = port if isinstance(port, int) and not isinstance(port, bool) else None
-            if number is None and isinstance(port, str) and port.isdigit():
-                number = int(port)
+            number = _port_number(port)
             if number is None or not 1 <= number <= 65535:
-                flag = spec.options[0]
                 text = f"{flag} {str(port)[:20]} is not a TCP port (1–65535)"
                 issues.append(FlagIssue("invalid", flag, text))
                 break
+    derived = derived_ports(values)
+    if not issues and derived is not None and derived[0] > 65535:
+        top, how, flag = derived
+        text = (
+            f"with DP attention SGLang takes TCP ports up to {how} = {top}, beyond 65535: "
+            f"choose a {flag} port at least {top - 65535} lower"
+        )
+        issues.append(FlagIssue("invalid", flag, text))
     return issues
 
 

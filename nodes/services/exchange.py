@@ -152,8 +152,8 @@ def import_(
                     continue
                 if r.get("node") and r["node"] not in nodes:
                     missing_nodes.add(r["node"])
-                masked = [k for k, v in r["env"].items() if v == MASK] + [
-                    a for a, b in zip(r["args"], r["args"][1:], strict=False) if b == MASK
+                masked = [k for k, v in r["env"].items() if MASK in v] + [
+                    a for a, b in zip(r["args"], r["args"][1:], strict=False) if MASK in b
                 ]
                 if masked:
                     report.notes.append(

@@ -46,6 +46,7 @@ from nodes.services.profiles import (
     DEFAULT_VERSION,
     env_problems,
     evaluate,
+    input_problem,
     model_facts,
 )
 
@@ -111,10 +112,15 @@ def resolve_profile(spec: str, actor: Actor | None = None) -> ProfileRevision:
     return latest
 
 
-def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> ProfileRevision:
+def adhoc_revision(
+    command: str | list[str], node: Node, actor: Actor, *, check_flags: bool = True
+) -> ProfileRevision:
     """Store a raw command line as a one-off profile revision (``adhoc``), with its budget.
 
-    Raises ``LaunchInputError`` when the text is not an SGLang launch command.
+    Raises ``LaunchInputError`` when the text is not an SGLang launch command, or for anything
+    the node's SGLang version or the environment policy refuses, as the profile doors do
+    (``profiles.input_problem``: unknown words, a port outside 1–65535…), unless
+    ``check_flags`` is off (the operator overrides the ``sglang`` check with a reason).
     """
     try:
         args, env = split_command(command)
@@ -126,6 +132,12 @@ def adhoc_revision(command: str | list[str], node: Node, actor: Actor) -> Profil
         raise LaunchInputError(
             f"{args[0][:40]!r} is not an SGLang launch command: expected "
             "python3 -m sglang.launch_server --model-path … (or sglang serve …)"
+        )
+    # The flags as the profile doors check them; the environment is ``create``'s to refuse
+    # (never overridable), before anything of this is kept.
+    if check_flags and (problem := input_problem(node, args, {})):
+        raise LaunchInputError(
+            masked(f"{problem} (to launch it anyway, override the sglang check)", args, env)
         )
     version = node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
@@ -292,7 +304,8 @@ def submit(
         if revision is None:
             if command is None:
                 raise LaunchInputError("give a profile revision or a command line")
-            revision = adhoc_revision(command, node, actor)
+            flags_checked = "sglang" not in (overrides or {})
+            revision = adhoc_revision(command, node, actor, check_flags=flags_checked)
         return create(
             node=node,
             revision=revision,

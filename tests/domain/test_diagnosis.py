@@ -650,3 +650,72 @@ def test_an_oom_with_another_process_listed_on_the_gpu_in_any_order_and_unit(tex
 def test_an_oom_where_only_this_process_holds_memory_is_not_blamed_on_another():
     log = OOM_HEAD + SELF + OOM_TAIL + "\n"
     assert diagnose(log, {}, {}).category != "gpu-occupied-by-other-process"
+
+
+# PyTorch before 2.1 (c10/cuda/CUDACachingAllocator.cpp): no "Process N has" list, only this
+# process's figures; what is neither free nor reserved by it is held outside its PyTorch.
+OLD_OOM = (
+    "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate {tried} (GPU {gpu}; "
+    "{total} total capacity; {allocated} already allocated; {free} free; {reserved} reserved in "
+    "total by PyTorch) If reserved memory is >> allocated memory try setting max_split_size_mb "
+    "to avoid fragmentation."
+)
+
+
+@pytest.mark.parametrize(
+    ("figures", "gpu", "held_gib"),
+    [
+        # The re-run's wording: 79.15 − 1.00 − 21.00 = 57.15 GiB held by something else.
+        (
+            {"tried": "2.00 GiB", "total": "79.15 GiB", "allocated": "20.00 GiB",
+             "free": "1.00 GiB", "reserved": "21.00 GiB"},
+            0,
+            57.15,
+        ),
+        # A small card, free memory in MiB: 23.69 − 0.02 − 3.25 = 20.42 GiB.
+        (
+            {"tried": "512.00 MiB", "total": "23.69 GiB", "allocated": "3.10 GiB",
+             "free": "20.48 MiB", "reserved": "3.25 GiB"},
+            1,
+            20.42,
+        ),
+        # Everything in MiB, "0 bytes free".
+        (
+            {"tried": "20.00 MiB", "total": "16160.00 MiB", "allocated": "2048.00 MiB",
+             "free": "0 bytes", "reserved": "2100.00 MiB"},
+            2,
+            13.73,
+        ),
+    ],
+)  # fmt: skip
+def test_an_oom_in_older_pytorch_wording_with_memory_held_outside_this_process(
+    figures, gpu, held_gib
+):
+    log = (
+        "[2026-01-01 00:00:00 TP0] Load weight begin. avail mem=20.40 GB\n"
+        + OLD_OOM.format(gpu=gpu, **figures)
+        + "\n"
+    )
+    found = diagnose(log, {}, {})
+    assert found.category == "gpu-occupied-by-other-process"
+    assert found.numbers["others_held_gib"] == held_gib
+    assert found.numbers["gpu"] == gpu
+    assert states(found.summary, held_gib) and f"GPU {gpu}" in found.summary
+    assert "holder_pid" not in found.numbers  # the old wording names no process
+    assert "nvidia-smi" in found.remedy
+
+
+def test_an_oom_in_older_wording_where_this_process_holds_the_card_keeps_its_category():
+    figures = {
+        "tried": "2.00 GiB", "total": "79.15 GiB", "allocated": "74.00 GiB",
+        "free": "1.00 GiB", "reserved": "76.50 GiB",
+    }  # fmt: skip
+    served = READY + "\n[2026-06-01 10:00:00 TP0] " + OLD_OOM.format(gpu=0, **figures) + "\n"
+    found = diagnose(served, {}, {"mem_fraction_static": 0.92})
+    assert found.category == "mem-fraction-too-high"  # 1.65 GiB outside PyTorch: its own
+    graph = (
+        "[2026-02-07 06:03:00 TP0] Exception: Capture cuda graph failed: "
+        + OLD_OOM.format(gpu=0, **figures).split(": ", 1)[1]
+        + "\n"
+    )
+    assert diagnose(graph, {}, {"mem_fraction_static": 0.9}).category == "gpu-oom-cuda-graph"

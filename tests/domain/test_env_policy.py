@@ -52,6 +52,56 @@ def test_known_settings_are_allowed(name):
     assert decide(name).kind == "allowed"
 
 
+@pytest.mark.parametrize(
+    "name",
+    [
+        # sysconfig imports or runs what these name
+        "_PYTHON_SYSCONFIGDATA_NAME", "_PYTHON_SYSCONFIGDATA_PATH", "_PYTHON_HOST_PLATFORM",
+        # Triton knobs naming a program, library, module or path
+        "TRITON_CACHE_MANAGER", "TRITON_REMOTE_CACHE_BACKEND", "TRITON_PTXAS_BLACKWELL_PATH",
+        "TRITON_CUDACRT_PATH", "TRITON_LIBDEVICE_PATH", "TRITON_CUPTI_LIB_PATH",
+        "TRITON_DUMP_MANAGER", "TRITON_OVERRIDE_MANAGER",
+        # NCCL plug-ins and files
+        "NCCL_ENV_PLUGIN", "NCCL_GIN_PLUGIN", "NCCL_DEBUG_FILE", "NCCL_TOPO_DUMP_FILE",
+        "NCCL_GRAPH_DUMP_FILE",
+        # compilers JIT builds run, and their flags
+        "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_CCBIN", "CUDAHOSTCXX", "CUDACXX",
+        "CUDA_HOME", "CUDA_PATH", "ROCM_PATH", "CFLAGS", "LDFLAGS", "GCC_EXEC_PREFIX", "CPATH",
+        # shells' start-up files
+        "ZDOTDIR", "FPATH", "XDG_CONFIG_HOME",
+        # files written as the server's user
+        "SSLKEYLOGFILE", "CUBLAS_LOGDEST_DBG", "CUDNN_LOGDEST_DBG", "CUBLASLT_LOG_FILE",
+        "TORCH_LOGS_OUT", "CUDA_COREDUMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
+        # strips SGLang's assertions, as -O does
+        "PYTHONOPTIMIZE",
+    ],
+)  # fmt: skip
+def test_hooks_the_re_run_found_are_refused_by_their_kind(name):
+    decision = decide(name)
+    assert decision.kind == "refused", decision
+    assert decide(name, [name]).kind == "allowed"  # an admin can allow each on a node
+
+
+def test_the_refusals_say_what_the_variable_does():
+    assert "assertions" in decide("PYTHONOPTIMIZE").reason
+    assert "sysconfig" in decide("_PYTHON_SYSCONFIGDATA_NAME").reason
+    assert "nvcc" in decide("CUDA_HOME").reason
+    assert "writes the file" in decide("SSLKEYLOGFILE").reason
+    assert "plug-in" in decide("NCCL_ENV_PLUGIN").reason
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "TRITON_CACHE_DIR", "TRITON_PRINT_AUTOTUNING", "TRITON_F32_DEFAULT", "NCCL_DEBUG_SUBSYS",
+        "NCCL_SOCKET_IFNAME", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_MAX_CONNECTIONS",
+        "TORCHINDUCTOR_CACHE_DIR", "PYTHONFAULTHANDLER",
+    ],
+)  # fmt: skip
+def test_settings_next_to_the_hooks_stay_allowed(name):
+    assert decide(name).kind == "allowed"
+
+
 def test_other_variables_are_accepted():
     assert decide("MY_MODEL_SETTING").kind == "accepted"
     assert decide("TMPDIR").kind == "accepted"

@@ -4,12 +4,14 @@ code, and SGLang versions ordered as pip orders them (pre-, post-, dev and local
 from __future__ import annotations
 
 import pytest
+from packaging.version import Version
 
 from nodes.domain.budget import NodeMemory, check
 from nodes.domain.sglang_flags import (
     VERSION_TEXT,
     is_port_flag,
     parse_command,
+    sglang_version,
     split_command,
     table_for,
 )
@@ -45,7 +47,49 @@ def test_a_port_no_server_can_listen_on_is_refused_by_the_parser(version, flags,
     assert found and found[0].startswith(message)
 
 
-@pytest.mark.parametrize("flags", ["--port 1", "--port 65535", "--nccl-port 29500", ""])
+@pytest.mark.parametrize(
+    ("version", "flags", "message"),
+    [
+        ("0.5.9", "--dist-init-addr 127.0.0.1:70000", "port 70000 is not a TCP port"),
+        ("0.5.9", "--nccl-init-addr 127.0.0.1:0", "port 0 is not a TCP port"),
+        ("0.5.2", "--dist-init-addr=[::1]:-5", "port -5 is not a TCP port"),
+        ("0.4.10.post2", "--dist-init-addr node0:65536", "port 65536 is not a TCP port"),
+        ("0.5.23", "--dist-init-addr 10.0.0.1:99999", "port 99999 is not a TCP port"),
+    ],
+)
+def test_a_port_inside_an_address_flag_is_checked(version, flags, message):
+    found = issues(version, flags)
+    assert found and message in found[0] and found[0].startswith("--dist-init-addr")
+
+
+@pytest.mark.parametrize(
+    ("version", "flags", "top"),
+    [
+        # The re-run's case: ZMQ ports from 65535 + 233 on, past 65535.
+        ("0.5.9", "--port 65535 --enable-dp-attention --dp-size 2 --tp-size 2", 65535 + 233 + 6),
+        ("0.5.2", "--port 65300 --enable-dp-attention --dp-size 4 --tp-size 4", 65300 + 233 + 8),
+        ("0.5.23", "--port 65400 --attn-dp-size 2 --tp-size 2", 65400 + 233 + 6),
+        (
+            "0.5.9",
+            "--dist-init-addr 10.0.0.1:65533 --enable-dp-attention --dp-size 2 --tp-size 2",
+            65533 + 6,
+        ),
+    ],
+)
+def test_ports_sglang_derives_past_65535_are_refused_at_save(version, flags, top):
+    found = issues(version, flags)
+    assert found and f"= {top}, beyond 65535" in found[0]
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        "--port 1", "--port 65535", "--nccl-port 29500", "",
+        "--dist-init-addr 10.0.0.1:5000", "--dist-init-addr [fe80::1]:5000",
+        "--port 65290 --enable-dp-attention --dp-size 2 --tp-size 2",  # tops at 65529
+        "--port 65535 --dp-size 2 --tp-size 2",  # replicas without DP attention: IPC sockets
+    ],
+)  # fmt: skip
 def test_real_ports_and_the_defaults_pass(flags):
     assert issues("0.5.9", flags) == []
 
@@ -115,10 +159,31 @@ def test_harmless_interpreter_options_are_accepted(pasted):
         ("0.4.10", "0.4.10.post2"),  # older than every table: the oldest
         ("0.4.10.post3", "0.4.10.post2"),
         ("0.5.9-custom", "0.5.9"),  # not PEP 440: its release numbers
+        ("0.5.9_custom.2", "0.5.9"),
+        ("0.5.9-candidate", "0.5.9"),  # a word that only starts like "c" is no marker
+        # Not PEP 440 but marked as a pre-release: before its release, as pip would put it.
+        ("0.5.9rc1-custom", "0.5.2"),
+        ("0.5.9rc1custom", "0.5.2"),
+        ("0.5.9.rc1.custom", "0.5.2"),
+        ("0.5.9~rc1", "0.5.2"),
+        ("0.5.9-rc.1", "0.5.2"),
+        ("0.5.9-RC1-build7", "0.5.2"),
+        ("0.5.9beta-x", "0.5.2"),
+        ("0.5.9.dev3-custom", "0.5.2"),
+        ("0.5.23~alpha.2", "0.5.9"),
     ],
 )
 def test_each_version_form_gets_the_table_of_the_newest_release_not_after_it(version, chosen):
     assert table_for(version) == chosen
+
+
+@pytest.mark.parametrize(
+    ("text", "read"),
+    [("0.5.9rc1-custom", "0.5.9rc1"), ("0.5.9~rc1", "0.5.9rc1"), ("0.5.9.dev3-x", "0.5.9.dev3"),
+     ("0.5.9-custom", "0.5.9"), ("0.5.9preview", "0.5.9rc0")],
+)  # fmt: skip
+def test_an_odd_version_is_read_as_its_release_and_pre_release_marker(text, read):
+    assert sglang_version(text) == Version(read)
 
 
 HICACHE_NODE = NodeMemory((96 * GiB,) * 8, 2000 * GB, mem_available_bytes=1900 * GB)

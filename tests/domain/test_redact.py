@@ -42,6 +42,14 @@ from nodes.domain.redact import (  # noqa: E402
         "GITHUB_TOKEN_2",
         "apiKey",
         "PRIVATE_KEY_PATH",
+        # strong words glued to others, plural last words
+        "PGPASSWORD",
+        "DBPASSWORD",
+        "MYSECRET",
+        "GH_TOKENS",
+        "HF_TOKENS",
+        "AWS_KEYS",
+        "mysqlPassword",
     ],
 )
 def test_common_secret_names_are_secret(name):
@@ -57,8 +65,9 @@ def test_common_secret_names_are_secret(name):
         "PWD",
         "CUDA_VISIBLE_DEVICES",
         "NCCL_SOCKET_IFNAME",
-        "max_total_num_tokens",
         "token_usage",
+        "KEYFRAME_X",
+        "TOKENIZER_MODE",
         "SSH_AUTH_SOCK",
     ],
 )
@@ -146,3 +155,68 @@ def test_a_document_is_masked_string_by_string_and_stays_json():
 def test_after_a_bare_colon_only_words_that_are_always_secret_count():
     line = "#new-token: 512, #token: 1234, password: hunter2, secret_key: abc"
     assert mask_text(line, []) == "#new-token: 512, #token: 1234, password: ****, secret_key: ****"
+
+
+def test_a_count_named_like_tokens_or_keys_keeps_its_number():
+    # *_TOKENS is secret by name (GH_TOKENS), but a plain number under it is a count: the log
+    # parser reads max_total_num_tokens=100000, and masking it would corrupt the stored log.
+    counts = {"MAX_TOKENS": "4096", "max_total_num_tokens": "100000", "NUM_KEYS": "3"}
+    assert redact_env(counts) == counts
+    assert secret_values([], counts) == []
+    assert redact_env({"GH_TOKENS": "ghp_a1,ghp_b2"}) == {"GH_TOKENS": MASK}
+    assert redact_env({"MY_PASSWORDS": "1234"}) == {"MY_PASSWORDS": MASK}  # a PIN is a secret
+    line = "max_total_num_tokens=100000, num_keys=3, GH_TOKENS=ghp_a1 --max-tokens 512"
+    assert mask_text(line, []) == (
+        "max_total_num_tokens=100000, num_keys=3, GH_TOKENS=**** --max-tokens 512"
+    )
+    assert redact_args(["--my-tokens", "12", "--my-tokens=ab12"]) == [
+        "--my-tokens", "12", f"--my-tokens={MASK}"
+    ]  # fmt: skip
+
+
+SECRET_VALUES = [
+    ("--hicache-storage-backend-extra-config", '{"secret_key":"s3-k3y-x9"}', "s3-k3y-x9"),
+    ("--model-loader-extra-config", '{"password": "hunter2-pw"}', "hunter2-pw"),
+    ("--tool-server", "http://user:pw-tool-77@tools.local:9000", "pw-tool-77"),
+    ("--otlp-traces-endpoint", "http://u:pw-otlp-88@collector:4317", "pw-otlp-88"),
+    ("--tool-server", "http://tools.local/mcp?token=tk-91x&x=1", "tk-91x"),
+]
+
+
+@pytest.mark.parametrize(("flag", "value", "secret"), SECRET_VALUES)
+def test_secrets_inside_flag_values_are_masked_and_known(flag, value, secret):
+    args = ["--model-path", "/m", flag, value, "--port", "30000"]
+    shown = redact_args(args)
+    assert secret not in " ".join(shown) and MASK in shown[3]
+    assert shown[:3] == args[:3] and shown[4:] == args[4:]
+    assert shown[3].replace(MASK, secret) == value  # only the secret is hidden
+    assert secret_values(args, {}) == [secret]
+    assert mask_text(f"server_args={value!r} then {secret} again", [secret]).count(secret) == 0
+
+
+def test_numbers_inside_flag_values_are_left_alone():
+    args = [
+        "--json-model-override-args", '{"max_tokens": 100, "num_key_value_heads": 8}',
+        "--max-total-tokens", "100000", "--model-path", "/m",
+    ]  # fmt: skip
+    assert redact_args(args) == args
+    assert secret_values(args, {}) == []
+
+
+def test_env_values_that_spell_out_a_secret_are_masked_inside():
+    env = {"LOADER_CONFIG": '{"password": "hunter2-pw", "retries": 3}'}
+    assert redact_env(env) == {"LOADER_CONFIG": '{"password": "****", "retries": 3}'}
+    assert secret_values([], env) == ["hunter2-pw"]
+
+
+def test_a_revision_diff_masks_secrets_inside_changed_values():
+    from nodes.domain.revision_diff import diff
+    from nodes.flag_tables import table
+
+    a = ["--model-path", "/m", "--tool-server", "http://u:pw-old-1@h:9"]
+    b = ["--model-path", "/m", "--tool-server", "http://u:pw-new-2@h:9", "--api-key", "k-9x"]
+    changes = {c.name: c for c in diff(a, b, table("0.5.9"), {"PGPASSWORD": "p"}, {})}
+    shown = repr(list(changes.values()))
+    assert "pw-old-1" not in shown and "pw-new-2" not in shown and "k-9x" not in shown
+    assert changes["--tool-server"].after == "http://u:****@h:9"
+    assert changes["env PGPASSWORD"].before == MASK

@@ -11,6 +11,7 @@ from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule
 from nodes.domain.diagnosis.gpu_holders import (
     gpu_held_at_oom,
     gpu_held_hidden,
+    gpu_held_outside_at_oom,
     gpu_unbalanced,
     leaked_after_cleanup,
 )
@@ -49,6 +50,7 @@ RULES: Sequence[Rule] = (
     mem_fraction_window,
     gpu_oom_cuda_graph,
     gpu_held_at_oom,
+    gpu_held_outside_at_oom,
     health_check_failure,
     startup_timeout,
     nccl_init_hang,

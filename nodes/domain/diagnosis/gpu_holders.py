@@ -119,6 +119,74 @@ def _gib(size: str) -> float:
     return _num(value) * _UNITS[unit]
 
 
+# The same allocator's text before PyTorch 2.1: no list of processes, only this process's own
+# figures, the free memory and the sizes in format_size's units ("0 bytes free"); with a memory
+# fraction set it adds "N allowed".
+OOM_BEFORE_2_1 = re.compile(
+    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_SIZE}) \(GPU (?P<gpu>\d+); "
+    rf"(?P<total>{_SIZE}) total capacity; (?P<allocated>{_SIZE}) already allocated; "
+    rf"(?P<free>{_SIZE}) free; (?:{_SIZE} allowed; )?(?P<reserved>{_SIZE}) reserved in total "
+    r"by PyTorch\)"
+)
+#: Memory on the card outside this process's PyTorch that is still this process's own (the CUDA
+#: context, NCCL's and cuBLAS's buffers) stays below this share of the card, and below
+#: ``OUTSIDE_MIN_GIB``; more than both is another holder's.
+OUTSIDE_SHARE = 0.10
+OUTSIDE_MIN_GIB = 4.0
+
+
+def oom_figures(match: re.Match[str]) -> dict[str, float]:
+    """The sizes of an ``OOM_BEFORE_2_1`` match in GiB: ``tried``, ``total``, ``allocated``,
+    ``free``, ``reserved``, and ``outside`` = total − free − reserved (what neither PyTorch in
+    this process reserved nor is free)."""
+    figures = {k: _gib(match[k]) for k in ("tried", "total", "allocated", "free", "reserved")}
+    figures["outside"] = max(figures["total"] - figures["free"] - figures["reserved"], 0.0)
+    return figures
+
+
+def gpu_held_outside_at_oom(bundle: Bundle) -> Diagnosis | None:
+    """PyTorch before 2.1 names no other process in its OOM text, but says how much of the card
+    is free and how much this process's PyTorch reserved: the rest (total − free − reserved) is
+    held by something else, another process or memory of this one outside PyTorch. More than
+    ``OUTSIDE_MIN_GIB`` and ``OUTSIDE_SHARE`` of the card is more than a CUDA context and
+    NCCL's buffers: another holder. Numbers in GiB: ``others_held_gib``, ``free_gib``,
+    ``reserved_gib``, ``allocated_gib``, ``gpu_total_gib``, ``tried_to_allocate_gib``; ``gpu``."""
+    hit = bundle.log.first(OOM_BEFORE_2_1)
+    if hit is None:
+        return None
+    figures, gpu = oom_figures(hit[1]), int(hit[1]["gpu"])
+    total, outside = figures["total"], figures["outside"]
+    if outside <= max(OUTSIDE_MIN_GIB, OUTSIDE_SHARE * total):
+        return None
+    begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
+    when = " while loading the weights" if begin and (end is None or end[0] > hit[0]) else ""
+    return Diagnosis(
+        category="gpu-occupied-by-other-process",
+        summary=(
+            f"GPU {gpu} is occupied outside this launch: of its {total:.2f} GiB only "
+            f"{figures['free']:.2f} GiB was free and this process's PyTorch reserved "
+            f"{figures['reserved']:.2f} GiB, so {outside:.2f} GiB is held by another process "
+            f"(or outside PyTorch); this launch ran out of memory{when} (allocating "
+            f"{figures['tried']:.2f} GiB)"
+        ),
+        remedy=(
+            f"find what holds GPU {gpu} (nvidia-smi --query-compute-apps=pid,used_memory, or the "
+            "node's GPU holders) and stop it, or launch on idle GPUs (CUDA_VISIBLE_DEVICES); add "
+            "a pre-launch GPU idle check"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers={
+            "gpu": gpu,
+            "others_held_gib": round(outside, 2),
+            "free_gib": round(figures["free"], 2),
+            "reserved_gib": round(figures["reserved"], 2),
+            "allocated_gib": round(figures["allocated"], 2),
+            "gpu_total_gib": round(total, 2),
+            "tried_to_allocate_gib": round(figures["tried"], 2),
+        },
+    )
+
+
 def _orphans(holders: list[Holder]) -> tuple[str, dict[str, float]]:
     """The live orphaned server processes among ``holders``, in words and figures."""
     orphans = [h for h in holders if h.alive and h.orphan]

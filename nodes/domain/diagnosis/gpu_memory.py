@@ -7,6 +7,7 @@ import math
 import re
 
 from nodes.domain.diagnosis.evidence import LOAD_BEGIN, LOAD_END, Bundle, Diagnosis, GiB, _fmt, _num
+from nodes.domain.diagnosis.gpu_holders import OOM_BEFORE_2_1, oom_figures
 
 NOT_ENOUGH_KV = re.compile(
     r"Not enough memory\. Please try to increase --mem-fraction-static|Loaded weights leave no "
@@ -73,6 +74,11 @@ GRAPH_OOM = re.compile(
 )
 
 
+GRAPH_OOM_BEFORE_2_1 = re.compile(
+    r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*?" + OOM_BEFORE_2_1.pattern
+)
+
+
 CAPTURE_BS = re.compile(r"Capturing batches \(bs=(?P<bs>\d+)")
 
 
@@ -86,10 +92,14 @@ def gpu_oom_cuda_graph(bundle: Bundle) -> Diagnosis | None:
     static pool (activations, graphs) was too little (§3, §6). With no fraction on the command
     line the value in ``server_args`` is SGLang's automatic one (§1c)."""
     hit = bundle.log.first(GRAPH_OOM)
-    if hit is None:
+    if hit is not None:
+        tried, total, free = (_num(hit[1][k]) for k in ("tried", "total", "free"))
+    elif (hit := bundle.log.first(GRAPH_OOM_BEFORE_2_1)) is not None:
+        figures = oom_figures(hit[1])
+        tried, total, free = figures["tried"], figures["total"], figures["free"]
+    else:
         return None
-    tried, gpu = _num(hit[1]["tried"]), int(hit[1]["gpu"])
-    total, free = _num(hit[1]["total"]), _num(hit[1]["free"])
+    gpu = int(hit[1]["gpu"])
     mfs = bundle.number("mem_fraction_static")
     auto = bundle.flag("mem_fraction_static") is None and not bundle.given("--mem-fraction-static")
     tp = bundle.tp()
