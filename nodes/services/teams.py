@@ -64,7 +64,8 @@ def _visible(user: AbstractBaseUser | AnonymousUser, profile: str = "") -> Q | N
 
 def visible_profiles(user: AbstractBaseUser | AnonymousUser) -> QuerySet[LaunchProfile]:
     """Profiles ``user`` may see: every one shown to everyone, and their teams' own; admins
-    see all (a team-only profile whose team was deleted is seen by admins only). The same profiles are the ones ``user`` may write to (``may_write``)."""
+    see all (a team-only profile whose team was deleted is seen by admins only). The same
+    profiles are the ones ``user`` may write to (``may_write``)."""
     condition = _visible(user)
     profiles = LaunchProfile.objects.all()
     return profiles if condition is None else profiles.filter(condition)
