@@ -278,6 +278,7 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     reads the holders, names the launch's PID in a cleanup (API, CLI) and is refused; a cleanup
     recorded anyway (or of the GPU without PIDs) signals none of its processes."""
     from django.test import Client
+    from django.urls import reverse
 
     from nodes.models import LaunchProfile, Team
     from nodes.services import tokens
@@ -317,6 +318,13 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
         env={"RANKWISE_ACTOR": "op2"},
     )  # fmt: skip
     assert done.returncode == 2 and "team-only launch" in done.stderr, done.stderr
+    # The cleanup form does not offer it, and a forged tick is refused.
+    page = Client()
+    page.force_login(op2)
+    url = reverse("nodes:node-cleanup", args=[spare.pk])
+    assert f'value="{pid}"' not in page.get(url).content.decode()
+    forged = {"gpus": [0], "foreign": [pid], "confirm_foreign": "on", "confirm": "on"}
+    assert page.post(url, forged).status_code == 200
     assert not Cleanup.objects.exists()
 
     # Recorded by another way (or the launch started after the request): the worker refuses.
