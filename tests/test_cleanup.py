@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.utils import timezone
@@ -320,7 +320,7 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     assert done.returncode == 2 and "team-only launch" in done.stderr, done.stderr
     # The cleanup form does not offer it, and a forged tick is refused.
     page = Client()
-    page.force_login(op2)
+    page.force_login(cast(Any, op2))
     url = reverse("nodes:node-cleanup", args=[spare.pk])
     assert f'value="{pid}"' not in page.get(url).content.decode()
     forged = {"gpus": [0], "foreign": [pid], "confirm_foreign": "on", "confirm": "on"}

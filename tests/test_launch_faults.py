@@ -3,6 +3,8 @@ whose host key changed, a stop sent while the node's link is down, a stop whose 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.test import Client
 
@@ -149,7 +151,7 @@ def test_a_stop_refused_for_a_changed_host_key_says_so_on_the_launch(spare, olga
     # The follower, still noticing the changed key, leaves the stop's failure on the launch.
     wait_until(lambda: False, 8)
     assert reason_of(launch).startswith("stop failed"), launch.reason
-    token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(olga, 'validate')}"}
+    token: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(olga, 'validate')}"}
     shown = Client().get(f"/api/launches/{launch.pk}", **token).json()
     assert shown["reason"].startswith("stop failed")
     checked = (

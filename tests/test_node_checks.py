@@ -51,7 +51,7 @@ def test_a_viewer_probes_nothing_and_an_operator_reads_plain_words(sim_fleet):
         "/etc": "no config.json in /etc on incident",
         sim.models["kimi-k2"]: f"read from incident:{sim.models['kimi-k2']}",
     }
-    token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 't')}"}
+    token: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 't')}"}
     for path, words in expected.items():
         body = _check(operator, node, path)
         assert words in body, (path, body[-3000:])

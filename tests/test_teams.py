@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.urls import reverse
@@ -210,9 +210,9 @@ def test_deleting_a_team_leaves_its_team_only_profiles_to_admins_only(admin_user
 
     op2 = make_user("op2", "operator")
     outsider = Client()
-    outsider.force_login(op2)
+    outsider.force_login(cast(Any, op2))
     assert outsider.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 404
-    token = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(op2, 't')}"}
+    token: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(op2, 't')}"}
     assert outsider.get("/api/profiles/eps-secret", **token).status_code == 404
     assert "eps-secret" not in outsider.get(reverse("nodes:audit-list")).content.decode()
     assert admin.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 200
