@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group, User
 from django.db import transaction
@@ -12,7 +12,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from nodes.audit import record
-from nodes.models import AuditEntry, Gpu, Node, Team
+from nodes.models import AuditEntry, Gpu, LaunchProfile, Node, Team
 
 
 class ViewOnly:
@@ -94,9 +94,27 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Team]) -> None:
         """Every deletion, one team's page or the list's bulk "delete selected", leaves one
-        ``team.delete`` entry per team, written with the deletion (both or neither)."""
+        ``team.delete`` entry per team, written with the deletion (both or neither). The
+        team's team-only profiles stay team-only with no team: admins alone see them until an admin
+        gives them a team or shows them to everyone; each gets a ``profile.ownership`` entry
+        and the admin a message naming them."""
+        orphaned: list[str] = []
         with transaction.atomic():
             for team in queryset.prefetch_related("members"):
+                kept = team.profiles.filter(visibility=LaunchProfile.Visibility.TEAM)
+                for profile in kept:
+                    # An entry about the profile: the audit list hides it from non-admins
+                    # (the team's entry, which everyone reads, does not name its profiles).
+                    record(
+                        "profile.ownership",
+                        actor=request.user,
+                        obj=profile,
+                        before={"team": team.name, "visibility": profile.visibility},
+                        after={"team": None, "visibility": profile.visibility,
+                               "seen_by": "admins only (its team was deleted)"},
+                        request=request,
+                    )  # fmt: skip
+                    orphaned.append(profile.name)
                 record(
                     "team.delete",
                     actor=request.user,
@@ -110,3 +128,10 @@ class TeamAdmin(admin.ModelAdmin):  # type: ignore[type-arg]
                     request=request,
                 )
             super().delete_queryset(request, queryset)
+        if orphaned:
+            self.message_user(
+                request,
+                f"Team-only profiles now seen by admins only: {', '.join(sorted(orphaned))}. "
+                "Give them a team, or show them to everyone, on their pages.",
+                messages.WARNING,
+            )

@@ -48,6 +48,11 @@ class CleanupForm(forms.Form):
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        named = self.data.getlist("foreign") if hasattr(self.data, "getlist") else []
+        if "foreign" not in self.fields and named:
+            # Nothing is offered (another team's team-only launch is never): not dropped
+            # silently, refused.
+            self.add_error(None, "No other holder of these GPUs may be killed from here.")
         if data.get("foreign") and not data.get("confirm_foreign"):
             self.add_error(
                 "confirm_foreign", "Confirm separately that the ticked processes may be killed."

@@ -68,7 +68,11 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     others = [
         h
         for h in inspection.holders
-        if h.gpus and h.state not in ("Z", "X") and not (launch and h.launch_id == launch.pk)
+        if h.gpus
+        and h.state not in ("Z", "X")
+        and not (launch and h.launch_id == launch.pk)
+        # Another team's team-only launch is ended by its team or an admin, not offered here.
+        and not h.team_only
     ]
     form = CleanupForm(
         request.POST or None,

@@ -396,7 +396,14 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         form.initial["name"] = profile.name
     if form.is_valid():
         context.update(_checked(form))
-        if request.POST.get("action") == "save":
+        if request.POST.get("action") == "save" and form.cleaned_data["pasted_command"].strip():
+            # What is saved is what the fields show: a pasted command is never dropped silently.
+            form.add_error(
+                "pasted_command",
+                "Load the pasted command first (Load pasted command), or clear it; nothing "
+                "was saved.",
+            )
+        elif request.POST.get("action") == "save":
             try:
                 revision, _ = submit_revision(
                     profile_name=form.cleaned_data["name"],

@@ -62,7 +62,11 @@ def follow_launch(launch_id: int) -> None:
     follower.follow(launch_id)
 
 
-@shared_task(bind=True, name="nodes.stop_launch", soft_time_limit=300, time_limit=360)
+# Celery's own retry limit is off (``max_retries=None``): the chain is bounded by the
+# attempts counted on the launch, which a re-queue by the reconciler continues.
+@shared_task(
+    bind=True, name="nodes.stop_launch", soft_time_limit=300, time_limit=360, max_retries=None
+)
 def stop_launch(
     self: Task[Any, Any], launch_id: int, actor_id: int | None = None
 ) -> dict[str, Any]:
@@ -73,12 +77,15 @@ def stop_launch(
     from django.contrib.auth.models import AnonymousUser
 
     user = get_user_model().objects.filter(pk=actor_id).first() if actor_id else None
-    retry_in = launches.stop_retry_in(self.request.retries)
-    outcome = launches.stop(
-        launch_id, actor=user or AnonymousUser(), token=self.request.id or "", retry_in=retry_in
-    )
-    if outcome.pending and retry_in is not None:
-        raise self.retry(countdown=retry_in, max_retries=None)
+    token = self.request.id or ""
+    outcome = launches.stop(launch_id, actor=user or AnonymousUser(), token=token, retries=True)
+    if outcome.pending and outcome.retry_in is not None:
+        try:
+            retry = self.retry(countdown=outcome.retry_in, throw=False)
+        except Exception as exc:  # the broker did not take the next attempt
+            launches.stop_retry_lost(launch_id, token, f"{type(exc).__name__}: {exc}")
+        else:
+            raise retry
     return {
         "status": outcome.launch.status,
         "remaining": outcome.remaining,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.utils import timezone
@@ -269,3 +269,71 @@ def test_a_node_lost_mid_cleanup_ends_it_in_error_without_acting_on_old_readings
     assert [s.key for s in done.steps.all()] == list("abcdef")
     assert done.steps.get(key="f").outcome == "failed" and done.result is None
     assert not GpuQuarantine.objects.exists()
+
+
+def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
+    spare, launch_workers, settings
+):
+    """The adversarial sequence: op1's team-only launch is ready on GPU 0; op2 (another team)
+    reads the holders, names the launch's PID in a cleanup (API, CLI) and is refused; a cleanup
+    recorded anyway (or of the GPU without PIDs) signals none of its processes."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from nodes.models import LaunchProfile, Team
+    from nodes.services import tokens
+    from tests.factories import make_user
+
+    alpha, beta = Team.objects.create(name="alpha"), Team.objects.create(name="beta")
+    op1, op2 = make_user("op1", "operator"), make_user("op2", "operator")
+    alpha.members.add(op1.pk)
+    beta.members.add(op2.pk)
+    launch = launches.submit(node=spare, command=QWEN, actor=op1)
+    LaunchProfile.objects.filter(pk=launch.revision.profile_id).update(
+        team=alpha, visibility=LaunchProfile.Visibility.TEAM
+    )
+    assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, timeout=90) == "ready"
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.create(op2, 'test')}")
+    holders = api.get("/api/nodes/spare/gpus").json()["gpus"][0]["holders"]
+    assert holders and all(h["team_only"] and h["launch_id"] is None for h in holders)
+    pid = holders[0]["pid"]
+    # The CLI acting as op2 masks them as the API does; acting as op1 it names the launch.
+    for actor, hidden in (("op2", True), ("op1", False)):
+        done = manage_py(settings, "gpus", "spare", "--json", "--actor", actor)
+        seen = json.loads(done.stdout)["gpus"][0]["holders"]
+        assert {h["team_only"] for h in seen} == {hidden}, seen
+        assert {h["launch_id"] for h in seen} == ({None} if hidden else {launch.pk})
+        assert ("sglang" in json.dumps(seen)) is not hidden
+
+    answer = api.post(
+        "/api/nodes/spare/cleanup",
+        {"gpus": [0], "include_foreign": [pid]},
+        content_type="application/json",
+    )
+    assert answer.status_code == 400, answer.content
+    assert "team-only launch" in answer.json()["detail"]
+    assert f"#{launch.pk}" not in answer.json()["detail"]
+    done = manage_py(
+        settings, "cleanup", "spare", "--gpus", "0", "--include-foreign", str(pid), "--yes",
+        env={"RANKWISE_ACTOR": "op2"},
+    )  # fmt: skip
+    assert done.returncode == 2 and "team-only launch" in done.stderr, done.stderr
+    # The cleanup form does not offer it, and a forged tick is refused.
+    page = Client()
+    page.force_login(cast(Any, op2))
+    url = reverse("nodes:node-cleanup", args=[spare.pk])
+    assert f'value="{pid}"' not in page.get(url).content.decode()
+    forged = {"gpus": [0], "foreign": [pid], "confirm_foreign": "on", "confirm": "on"}
+    assert page.post(url, forged).status_code == 200
+    assert not Cleanup.objects.exists()
+
+    # Recorded by another way (or the launch started after the request): the worker refuses.
+    for named in ([pid], []):
+        job = Cleanup.objects.create(node=spare, gpus=[0], foreign_pids=named, requested_by="op2")
+        steps = {s.key: s for s in cleanup.run(job.pk).steps.all()}
+        assert "kill" not in steps["e"].command
+        assert "sglang" not in steps["e"].output
+    assert "not touched" in Cleanup.objects.get(foreign_pids=[pid]).steps.get(key="e").output
+    assert str(pid) in spare.sim.ok("ps -eo pid=").split()
+    assert Launch.objects.get(pk=launch.pk).status == LaunchStatus.READY
+    launches.stop(launch.pk, actor=op1)

@@ -3,6 +3,8 @@ whose host key changed, a stop sent while the node's link is down, a stop whose 
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.test import Client
 
@@ -132,3 +134,42 @@ def test_a_stop_whose_worker_died_is_finished_by_the_reconciler(spare, olga, lau
     assert wait_for(launch, LaunchStatus.STOPPED, timeout=60) == LaunchStatus.STOPPED, launch.reason
     assert launch.reason.startswith("stopped by olga")
     assert not Reservation.objects.filter(launch=launch).exists()
+
+
+def test_a_stop_refused_for_a_changed_host_key_says_so_on_the_launch(spare, olga, launch_workers):
+    from nodes.services.discovery import offer_host_key, trust_host_key
+
+    launch = ready_launch(spare, olga)
+    sim = spare.sim
+    sim.host_key_fingerprint = simfleet("rekey", sim.name, "--state", sim.state).stdout.strip()
+    discovery.heartbeat_sweep(timeout=4)
+    assert wait_until(lambda: "cannot be reached safely" in reason_of(launch), 20), launch.reason
+
+    assert api_stop(launch, olga) == 202
+    assert wait_until(lambda: reason_of(launch).startswith("stop failed"), 30), launch.reason
+    assert "HOST KEY CHANGED" in launch.reason and launch.status == LaunchStatus.READY
+    # The follower, still noticing the changed key, leaves the stop's failure on the launch.
+    wait_until(lambda: False, 8)
+    assert reason_of(launch).startswith("stop failed"), launch.reason
+    token: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(olga, 'validate')}"}
+    shown = Client().get(f"/api/launches/{launch.pk}", **token).json()
+    assert shown["reason"].startswith("stop failed")
+    checked = (
+        Client()
+        .post(
+            "/api/profiles/validate",
+            {"node": "spare", "args": SMALL.split()[3:]},
+            content_type="application/json",
+            **token,
+        )
+        .json()
+    )
+    texts = [m["text"] for m in checked["messages"]]
+    assert any("spare cannot be reached safely: HOST KEY CHANGED" in t for t in texts), texts
+
+    admin = make_user("ada", "admin")
+    node = Node.objects.get(pk=spare.pk)
+    key = offer_host_key(node, actor=admin)
+    node.refresh_from_db()
+    trust_host_key(node, key.fingerprint, actor=admin)
+    assert launches.stop(launch.pk, actor=olga).clean

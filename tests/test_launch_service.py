@@ -13,6 +13,7 @@ from nodes.choices import LaunchStatus
 from nodes.domain.logparse import Progress
 from nodes.domain.logtext import Piece
 from nodes.models import (
+    AuditEntry,
     Launch,
     LaunchLogLine,
     LaunchProfile,
@@ -22,6 +23,7 @@ from nodes.models import (
 )
 from nodes.services import launches
 from nodes.services.follower import Follower
+from nodes.tasks import stop_launch
 from tests.factories import make_node, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -182,5 +184,59 @@ def test_a_stop_whose_worker_went_silent_is_found_and_taken_over(launch, setting
 
 def test_stop_retries_back_off_and_are_bounded(settings):
     settings.RANKWISE_STOP_RETRIES, settings.RANKWISE_STOP_RETRY_SECONDS = 8, 5
-    waits = [launches.stop_retry_in(n) for n in range(9)]
+    waits = [launches.stop_retry_in(attempts) for attempts in range(1, 10)]
     assert waits == [5, 10, 20, 40, 80, 120, 120, 120, None]
+
+
+def _unreachable(node_id: int) -> None:
+    """Point the node at a local port where nothing listens: every attempt is refused."""
+    blob = b"\0\0\0\x0bssh-ed25519\0\0\0\x20" + bytes(32)
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    Node.objects.filter(pk=node_id).update(
+        host="127.0.0.1", port=port, host_key=f"ssh-ed25519 {base64.b64encode(blob).decode()}"
+    )
+
+
+def test_a_stop_retry_chain_counts_on_across_a_requeue_and_ends_bounded(settings):
+    """The adversarial pass: a stop's worker killed while the node was away; the reconciler's
+    new stop restarted the backoff, went on from the wrong attempt, and the task crashed with
+    MaxRetriesExceededError while the launch said "retrying". Here: attempts 1-2 by the first
+    stop, its worker dies, the reconciler's stop goes on at attempt 3 and the chain ends after
+    RANKWISE_STOP_RETRIES retries, reported on the launch."""
+    settings.RANKWISE_STOP_RETRIES, settings.RANKWISE_STOP_RETRY_SECONDS = 3, 1
+    node = make_node("gpu-01")
+    profile = LaunchProfile.objects.create(name="qwen", created_by="pat")
+    revision = ProfileRevision.objects.create(
+        profile=profile, number=1, args=["--model-path", "/m"], env={}, author="pat", node=node,
+        verdict="ok", report={},
+    )  # fmt: skip
+    # A ready launch (made here, not by ``create``: no start task races the worker).
+    launch = Launch.objects.create(
+        revision=revision, node=node, gpus=[0], port=30000, created_by="pat",
+        startup_timeout_s=60, status=LaunchStatus.READY,
+    )  # fmt: skip
+    _unreachable(node.pk)
+    pat = make_user("pat", "operator")
+    first = launches.stop(launch.pk, actor=pat, token="t1", retries=True)
+    assert first.pending and first.retry_in == 1
+    assert "retrying (attempt 2) in 1 s" in first.launch.reason
+    second = launches.stop(launch.pk, actor=pat, token="t1", retries=True)
+    assert second.pending and "retrying (attempt 3) in 2 s" in second.launch.reason
+    # Its worker dies holding the retry: the lease goes stale after the due time.
+    assert launches.stuck_stops() == []
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 5)
+    Launch.objects.filter(pk=launch.pk).update(stop_beat=stale)
+    assert [s.pk for s in launches.stuck_stops()] == [launch.pk]
+    # The stop the reconciler queues, run here in this process with its Celery retries.
+    result = stop_launch.apply(args=(launch.pk, pat.pk))
+    assert result.state in ("SUCCESS", "RETRY"), result.traceback
+    launch.refresh_from_db()
+    # Attempt 3 by the new stop (retried after 4 s, where the chain was) and attempt 4, the
+    # last (3 retries): the stop is reported failed on the launch.
+    assert launch.status == LaunchStatus.READY
+    assert launch.reason.startswith("stop failed after 4 attempts"), launch.reason
+    assert launch.stop_attempts == 4 and launch.stop_token == ""
+    entry = AuditEntry.objects.get(action="launch.stop_failed")
+    assert entry.after["attempts"] == 4

@@ -51,10 +51,28 @@ def test_a_viewer_probes_nothing_and_an_operator_reads_plain_words(sim_fleet):
         "/etc": "no config.json in /etc on incident",
         sim.models["kimi-k2"]: f"read from incident:{sim.models['kimi-k2']}",
     }
+    token: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 't')}"}
     for path, words in expected.items():
         body = _check(operator, node, path)
         assert words in body, (path, body[-3000:])
         assert not any(word in body for word in NODE_WORDS), path
+        if path.startswith("/etc") or "nope" in path:
+            # The API's check says the same words in its messages.
+            answer = (
+                Client()
+                .post(
+                    "/api/profiles/validate",
+                    {"node": node.name, "args": ["--model-path", path, "--tp-size", "8"]},
+                    content_type="application/json",
+                    **token,
+                )
+                .json()
+            )
+            assert {
+                "level": "info",
+                "code": "model-not-read",
+                "text": f"Model geometry: {words}",
+            } in (answer["messages"]), (path, answer["messages"])
 
 
 def test_nothing_runs_on_a_node_for_a_viewer_not_even_the_gpu_holders(viewer_client, viewer):

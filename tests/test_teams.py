@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.urls import reverse
@@ -175,3 +175,44 @@ def test_every_way_the_admin_deletes_teams_is_audited(admin_user):
     client.post(reverse("admin:nodes_team_delete", args=[kept.pk]), {"post": "yes"})
     assert not Team.objects.exists()
     assert AuditEntry.objects.filter(action="team.delete", object_repr="keep").count() == 1
+
+
+@pytest.mark.django_db
+def test_deleting_a_team_leaves_its_team_only_profiles_to_admins_only(admin_user):
+    """The adversarial sequence: team eps owns a team-only profile; the admin deletes the team
+    with the bulk action; an outsider still gets 404 (page, API), the admin still sees it, and
+    the audit says what became of it without naming it to others."""
+    from django.test import Client
+
+    admin_user.is_staff = admin_user.is_superuser = True
+    admin_user.save()
+    eps = Team.objects.create(name="eps")
+    node = make_node("gpu-01")
+    secret = LaunchProfile.objects.create(
+        name="eps-secret", created_by="admin", team=eps, visibility="team"
+    )
+    ProfileRevision.objects.create(
+        profile=secret, number=1, args=["--model-path", "/m"], env={"SOME": "1"}, author="admin",
+        node=node, verdict="ok", report={},
+    )  # fmt: skip
+    admin = Client()
+    admin.force_login(admin_user)
+    answer = admin.post(
+        reverse("admin:nodes_team_changelist"),
+        {"action": "delete_selected", "_selected_action": [eps.pk], "post": "yes"},
+        follow=True,
+    )
+    assert not Team.objects.exists()
+    assert "now seen by admins only: eps-secret" in answer.content.decode()
+    entry = AuditEntry.objects.get(action="profile.ownership", object_id=str(secret.pk))
+    assert entry.before["team"] == "eps" and entry.after["team"] is None
+    assert entry.actor_name == admin_user.username
+
+    op2 = make_user("op2", "operator")
+    outsider = Client()
+    outsider.force_login(cast(Any, op2))
+    assert outsider.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 404
+    token: dict[str, Any] = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(op2, 't')}"}
+    assert outsider.get("/api/profiles/eps-secret", **token).status_code == 404
+    assert "eps-secret" not in outsider.get(reverse("nodes:audit-list")).content.decode()
+    assert admin.get(reverse("nodes:profile-detail", args=[secret.pk])).status_code == 200

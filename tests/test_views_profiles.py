@@ -100,6 +100,23 @@ def test_an_ok_profile_saves_without_acknowledgement(operator_client):
     assert ProfileRevision.objects.get().verdict == "ok"
 
 
+def test_save_with_a_pasted_command_not_loaded_is_refused_and_saves_nothing(operator_client):
+    """The adversarial pass: text in "Start from a command line" and Save revision (not Load)
+    saved the form's own fields and dropped the pasted command (its ``-c`` with it)."""
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23", gpus=8)
+    pasted = "python3 '-cimport os' -m sglang.launch_server --model-path /models/kimi --tp 8"
+    data = form_data(node, hicache_size="37", pasted_command=pasted)
+    response = operator_client.post(reverse("nodes:profile-create"), data)
+    assert response.status_code == 200
+    assert "Load the pasted command first (Load pasted command), or clear it" in (
+        response.content.decode()
+    )
+    assert not LaunchProfile.objects.exists() and not ProfileRevision.objects.exists()
+    # Cleared, the same form saves.
+    saved = operator_client.post(reverse("nodes:profile-create"), {**data, "pasted_command": " "})
+    assert saved.status_code == 302 and ProfileRevision.objects.count() == 1
+
+
 def test_pasting_a_command_fills_the_fields(operator_client, node):
     response = operator_client.post(
         reverse("nodes:profile-create"),

@@ -16,7 +16,7 @@ from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, Revisi
 from nodes.audit import record
 from nodes.choices import Role
 from nodes.domain.budget import BudgetReport
-from nodes.models import LaunchProfile, Node
+from nodes.models import LaunchProfile
 from nodes.roles import has_role
 from nodes.services import exchange, profiles, teams
 from nodes.services.teams import visible_profiles
@@ -65,9 +65,19 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
 @router.post("/validate", response={200: BudgetOut, **ERRORS})
 def validate(request: HttpRequest, body: ValidateIn) -> Any:
     """The memory budget of ``args`` on ``node``, with its arithmetic; nothing is saved. The
-    model is read on the node for an operator's token only (a viewer's budget goes without)."""
+    model is read on the node for an operator's token only (a viewer's budget goes without);
+    when it was not read, a ``model-not-read`` message says why in the form's words ("no model
+    folder at /x on gpu-01", "gpu-01 cannot be reached safely: …")."""
     operator = has_role(request.user, Role.OPERATOR)
-    return _budget(_check(named(body.node), body.args, body.env, read_node=operator))
+    node = named(body.node)
+    if problem := profiles.input_problem(node, body.args, body.env):
+        raise HttpError(400, problem)
+    model = profiles.model_of(node, body.args, read_node=operator)
+    doc = _budget(profiles.evaluate(body.args, node, model, env=body.env))
+    if model.geometry is None:
+        text = f"Model geometry: {model.source}"
+        doc["messages"].insert(0, {"level": "info", "code": "model-not-read", "text": text})
+    return doc
 
 
 @router.get("/{name}", response={200: ProfileOut, **READ_ERRORS})
@@ -75,15 +85,6 @@ def get_profile(request: HttpRequest, name: str) -> Any:
     if "\x00" in name:
         raise HttpError(404, "no such profile")
     return profile_json(get_object_or_404(visible_profiles(request.user), name=name, adhoc=False))
-
-
-def _check(
-    node: Node, args: list[str], env: dict[str, str], *, read_node: bool = True
-) -> BudgetReport:
-    if problem := profiles.input_problem(node, args, env):
-        raise HttpError(400, problem)
-    model = profiles.model_of(node, args, read_node=read_node)
-    return profiles.evaluate(args, node, model, env=env)
 
 
 def _budget(report: BudgetReport) -> dict[str, Any]:

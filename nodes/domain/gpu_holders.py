@@ -12,7 +12,7 @@ Memory is integer bytes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -205,6 +205,9 @@ class Targets:
     defunct: list[int]  # the launch's defunct processes (step d)
     foreign: list[int]  # other holders of the chosen GPUs the operator named (step e)
     untouched: list[Holder]  # other holders nobody named: left alone, reported
+    # Named holders of launches the operator may not end (another team's team-only launch):
+    # never signalled, whatever was named.
+    refused: list[Holder] = field(default_factory=list)
 
 
 def targets(
@@ -214,10 +217,16 @@ def targets(
     group: int | None,
     chosen: Sequence[int],
     named_foreign: Iterable[int],
+    protected: Collection[int] = (),
 ) -> Targets:
     """Split the holders: the launch's own (by marker, group or session), defunct ones, and the
-    foreign holders of the chosen GPUs — killed only when the operator named their PID."""
-    named = set(named_foreign)
+    foreign holders of the chosen GPUs — killed only when the operator named their PID.
+    Processes of the launches in ``protected`` (ids) are never a target, even when named:
+    they are listed in ``refused`` when named, else in ``untouched``."""
+    wanted = set(named_foreign)
+    guarded = {h.pid for h in found if h.launch_id is not None and h.launch_id in protected}
+    refused = [h for h in found if h.pid in guarded and h.pid in wanted]
+    named = wanted - guarded
     ours = [h for h in found if launch_id is not None and h.launch_id == launch_id]
     strays = [
         h.pid
@@ -235,5 +244,6 @@ def targets(
         strays=strays,
         defunct=defunct,
         foreign=[h.pid for h in others if h.pid in named],
-        untouched=[h for h in others if h.pid not in named],
+        untouched=[h for h in others if h.pid not in named and h not in refused],
+        refused=refused,
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -154,6 +155,7 @@ def request(
             f"launch #{launch.pk} is {launch.status}: stop it first (stopping kills its "
             "processes and offers this cleanup if memory stays held)"
         )
+    _refuse_hidden(node, actor, foreign_pids or [])
     return Cleanup.objects.create(
         node=node,
         launch=launch,
@@ -161,6 +163,35 @@ def request(
         foreign_pids=sorted(set(foreign_pids or [])),
         requested_by=actor.get_username() if actor.is_authenticated else "cli",
     )
+
+
+def _refuse_hidden(node: Node, actor: Actor, pids: list[int]) -> None:
+    """Raise ``CleanupError`` when ``pids`` name a process of a launch hidden from ``actor``
+    (another team's team-only launch): only its team or an admin may end it. The node is read
+    only when such a launch ran there; the worker checks again before signalling anything."""
+    hidden = teams.hidden_launches(actor).filter(node=node)
+    if not pids or not hidden.exists():
+        return
+    try:
+        found = inspect(node)
+    except ssh.RemoteError as exc:
+        raise CleanupError(f"{node.name} did not answer: {exc.message}") from None
+    ids = set(hidden.values_list("pk", flat=True))
+    theirs = sorted(h.pid for h in found.holders if h.launch_id in ids and h.pid in pids)
+    if theirs:
+        raise CleanupError(
+            f"PID {', '.join(map(str, theirs))}: a team-only launch's process; only its team "
+            "or an admin may end it"
+        )
+
+
+def _protected(cleanup: Cleanup, holders: list[gh.Holder]) -> set[int]:
+    """Launch ids among ``holders`` hidden from whoever asked for the cleanup (an unknown
+    requester sees no team-only launch): their processes are never signalled."""
+    ids = {h.launch_id for h in holders if h.launch_id is not None}
+    user = get_user_model().objects.filter(username=cleanup.requested_by).first()
+    actor: Actor = user if user is not None else AnonymousUser()
+    return set(teams.hidden_launches(actor).filter(pk__in=ids).values_list("pk", flat=True))
 
 
 def queue(job: Cleanup) -> None:
@@ -268,6 +299,7 @@ def run(cleanup_id: int) -> Cleanup:
             group=group,
             chosen=job.chosen,
             named_foreign=cleanup.foreign_pids,
+            protected=_protected(cleanup, job.state.holders),
         )
 
     def group_alive() -> bool:
@@ -322,7 +354,21 @@ def run(cleanup_id: int) -> Cleanup:
 
     def foreign() -> tuple[str, str, str]:
         targets = plan()
-        notes = [f"PID {h.pid} ({h.command}) not named: left alone" for h in targets.untouched]
+        # Anyone who may see the cleanup reads its output: a team-only launch's process is
+        # not described.
+        ids = {h.launch_id for h in targets.untouched if h.launch_id is not None}
+        secret = set(teams.team_only_launches().filter(pk__in=ids).values_list("pk", flat=True))
+        notes = [
+            f"PID {h.pid} ("
+            + ("a team-only launch's process" if h.launch_id in secret else h.command)
+            + ") not named: left alone"
+            for h in targets.untouched
+        ]
+        notes += [
+            f"PID {h.pid} (a team-only launch's process) named: not touched, only its team or "
+            "an admin may end it"
+            for h in targets.refused
+        ]
         holding = {h.pid for h in job.state.holders if set(h.gpus) & set(job.chosen)}
         notes += [
             f"PID {p} named, but it holds none of GPU {','.join(map(str, job.chosen))}: not touched"

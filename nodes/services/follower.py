@@ -141,9 +141,10 @@ class Follower:
         followed, until an admin trusts the new key."""
         if launch.node.status != NodeStatus.HOST_KEY_CHANGED:
             hostkeys.mark_changed(launch.node, exc)
+        # A stop refused for the same reason keeps saying so: it is what the operator asked.
         Launch.objects.filter(pk=launch.pk).exclude(status__in=LAUNCH_ENDED).exclude(
             reason=self._key_note(launch)
-        ).update(reason=self._key_note(launch))
+        ).exclude(reason__startswith="stop failed").update(reason=self._key_note(launch))
 
     @staticmethod
     def _key_note(launch: Launch) -> str:

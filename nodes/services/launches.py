@@ -580,8 +580,10 @@ class StopOutcome:
     remaining: list[dict[str, Any]] = field(default_factory=list)
     held_gpus: dict[int, int] = field(default_factory=dict)
     error: str = ""
-    # The node did not answer and the stop will be tried again (the launch stays stopping).
+    # The node did not answer and the stop will be tried again (the launch stays stopping)
+    # after ``retry_in`` seconds.
     pending: bool = False
+    retry_in: float | None = None
 
     @property
     def clean(self) -> bool:
@@ -637,17 +639,19 @@ def stop(
     actor: Actor,
     request: HttpRequest | None = None,
     token: str = "",
-    retry_in: float | None = None,
+    retries: bool = False,
 ) -> StopOutcome:
     """One attempt to stop a launch: processes gone and GPUs' memory back, or what did not
     come back.
 
     ``token`` names the stop (the stop task's id, the same across its retries); a stop whose
     worker died (its lease, ``stop_beat``, went stale) is taken over, so a second request or
-    the reconciler finishes it. When the node does not answer and ``retry_in`` (seconds) says
-    another attempt follows, the launch stays ``stopping`` and its reason says so
-    (``outcome.pending``); with no attempt left, or an error retrying cannot help, the stop is
-    reported failed and the launch gets back the status it had.
+    the reconciler finishes it, continuing its count of attempts (``Launch.stop_attempts``).
+    When the node does not answer and ``retries`` is true (the caller tries again) with
+    attempts left (``stop_retry_in``), the launch stays ``stopping``, its reason says when the
+    next attempt is due (``outcome.pending``, ``outcome.retry_in`` seconds); with no attempt
+    left, or an error retrying cannot help, the stop is reported failed and the launch gets
+    back the status it had.
     """
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
     if launch.status in LAUNCH_ENDED:
@@ -667,9 +671,9 @@ def stop(
     ):
         record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
     elif not _take_over_stop(launch.pk, token):
-        return _await_other_stop(launch, token, retry_in)
+        return _await_other_stop(launch, token, retries)
     launch.refresh_from_db()
-    return _attempt_stop(launch, token, retry_in)
+    return _attempt_stop(launch, token, retries)
 
 
 def _take_over_stop(launch_id: int, token: str) -> bool:
@@ -683,14 +687,14 @@ def _take_over_stop(launch_id: int, token: str) -> bool:
     )
 
 
-def _attempt_stop(launch: Launch, token: str, retry_in: float | None) -> StopOutcome:
+def _attempt_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
     attempt = launch.stop_attempts + 1
     Launch.objects.filter(pk=launch.pk).update(stop_attempts=attempt)
     with _stop_lease(launch.pk, token):
         try:
             result = stop_remote(launch)
         except ssh.RemoteError as exc:
-            return _stop_not_done(launch, exc, attempt, retry_in)
+            return _stop_not_done(launch, exc, attempt, retries)
         remaining = result.get("remaining", [])
         held, notes = _finish(launch, remaining)
     Launch.objects.filter(pk=launch.pk).update(
@@ -706,12 +710,14 @@ def _attempt_stop(launch: Launch, token: str, retry_in: float | None) -> StopOut
 
 
 def _stop_not_done(
-    launch: Launch, exc: ssh.RemoteError, attempt: int, retry_in: float | None
+    launch: Launch, exc: ssh.RemoteError, attempt: int, retries: bool
 ) -> StopOutcome:
-    """The node did not take the stop: pending while attempts are left and may help, else
-    failed (reported, audited, the launch back to the status it had)."""
+    """The node did not take attempt ``attempt`` (1-based, counted across re-queues) of the
+    stop: pending while attempts are left and may help, else failed (reported, audited, the
+    launch back to the status it had)."""
     node = launch.node.name
     away = exc.kind in ("unreachable", "timeout")
+    retry_in = stop_retry_in(attempt) if retries else None
     if retry_in is not None and away:
         pending = (
             f"stop pending: {node} unreachable ({exc.message}); retrying "
@@ -723,7 +729,7 @@ def _stop_not_done(
             reason=pending, stop_beat=due
         )
         launch.refresh_from_db()
-        return StopOutcome(launch, error=pending, pending=True)
+        return StopOutcome(launch, error=pending, pending=True, retry_in=retry_in)
     why = f"{node} did not answer ({exc.message})" if away else exc.message
     failed = (
         f"stop failed after {attempt} attempt{'s' if attempt > 1 else ''}: {why}; "
@@ -782,12 +788,24 @@ def stuck_stops() -> list[Launch]:
     )
 
 
-def stop_retry_in(retries: int) -> float | None:
-    """Seconds before the stop's next attempt after ``retries`` retries (doubling from
-    ``RANKWISE_STOP_RETRY_SECONDS``, at most two minutes); ``None`` when none is left."""
-    if retries >= settings.RANKWISE_STOP_RETRIES:
+def stop_retry_in(attempts: int) -> float | None:
+    """Seconds before the stop's next attempt after ``attempts`` (≥ 1) failed ones (doubling
+    from ``RANKWISE_STOP_RETRY_SECONDS``, at most two minutes); ``None`` when the chain is
+    spent: at most ``RANKWISE_STOP_RETRIES`` retries after the first attempt, however often the
+    stop is queued again."""
+    if attempts > settings.RANKWISE_STOP_RETRIES:
         return None
-    return float(min(settings.RANKWISE_STOP_RETRY_SECONDS * 2**retries, 120))
+    return float(min(settings.RANKWISE_STOP_RETRY_SECONDS * 2 ** max(attempts - 1, 0), 120))
+
+
+def stop_retry_lost(launch_id: int, token: str, why: str) -> None:
+    """The stop's next attempt could not be queued (``why``): say so, and leave the stop to
+    the reconciler (its lease is dropped, so the next pass queues it again, counting on)."""
+    Launch.objects.filter(pk=launch_id, status=LaunchStatus.STOPPING, stop_token=token).update(
+        reason=f"stop pending: the next attempt could not be queued ({why[:200]}); it is "
+        "queued again when the task queue answers",
+        stop_beat=None,
+    )
 
 
 def _still_reserved(launch: Launch) -> dict[int, int]:
@@ -796,7 +814,7 @@ def _still_reserved(launch: Launch) -> dict[int, int]:
     return {r.number: 0 for r in launch.reservations.filter(kind="gpu")}
 
 
-def _await_other_stop(launch: Launch, token: str, retry_in: float | None) -> StopOutcome:
+def _await_other_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
     """Someone else is stopping this launch: report what their stop leaves, or finish it
     when it goes stale (its worker died)."""
     deadline = time.monotonic() + settings.RANKWISE_STOP_GRACE_SECONDS + 60
@@ -808,7 +826,7 @@ def _await_other_stop(launch: Launch, token: str, retry_in: float | None) -> Sto
             return StopOutcome(launch, error=launch.reason)
         if _take_over_stop(launch.pk, token):
             launch.refresh_from_db()
-            return _attempt_stop(launch, token, retry_in)
+            return _attempt_stop(launch, token, retries)
         if launch.reason.startswith("stop pending"):  # its own task tries again
             return StopOutcome(launch, error=launch.reason)
         time.sleep(0.5)
@@ -921,5 +939,12 @@ def reconcile() -> int:
             _enqueue("nodes.follow_launch", launch.pk)
     stuck = stuck_stops()
     for launch in stuck:
+        if launch.reason.startswith("stop pending"):
+            # Its next attempt went with its worker (or was never queued): say what is true.
+            Launch.objects.filter(pk=launch.pk, reason=launch.reason).update(
+                reason=f"stop pending: {launch.node.name} unreachable at attempt "
+                f"{launch.stop_attempts}; the next attempt was lost with its worker and is "
+                f"queued again (attempt {launch.stop_attempts + 1})"
+            )
         _enqueue("nodes.stop_launch", launch.pk)
     return len(found) + len(stuck)

@@ -19,6 +19,7 @@ from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
+from nodes.choices import NodeStatus
 from nodes.domain import env_policy
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
@@ -126,6 +127,10 @@ def model_facts(
         return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
     if not read_node:
         return ModelFacts(None, None, NOT_READ_FOR_VIEWERS)
+    if node.status == NodeStatus.HOST_KEY_CHANGED:
+        # Not even a cached reading: what the node holds now cannot be known safely.
+        why = node.status_reason or "its host key changed"
+        return ModelFacts(None, None, f"not read: {node.name} cannot be reached safely: {why}")
     key = "model:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()
     cached = cache.get(key)
     if cached is None:

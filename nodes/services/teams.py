@@ -55,16 +55,17 @@ def _visible(user: AbstractBaseUser | AnonymousUser, profile: str = "") -> Q | N
     mine = (
         Team.objects.filter(members__pk=user.pk) if user.is_authenticated else Team.objects.none()
     )
-    return (
-        Q(**{f"{profile}visibility": LaunchProfile.Visibility.EVERYONE})
-        | Q(**{f"{profile}team__isnull": True})
-        | Q(**{f"{profile}team__in": mine})
+    # A team-only profile whose team was deleted stays hidden: admins only, until an admin
+    # gives it a team (or shows it to everyone) on its page.
+    return Q(**{f"{profile}visibility": LaunchProfile.Visibility.EVERYONE}) | Q(
+        **{f"{profile}team__in": mine}
     )
 
 
 def visible_profiles(user: AbstractBaseUser | AnonymousUser) -> QuerySet[LaunchProfile]:
     """Profiles ``user`` may see: every one shown to everyone, and their teams' own; admins
-    see all. The same profiles are the ones ``user`` may write to (``may_write``)."""
+    see all (a team-only profile whose team was deleted is seen by admins only). The same
+    profiles are the ones ``user`` may write to (``may_write``)."""
     condition = _visible(user)
     profiles = LaunchProfile.objects.all()
     return profiles if condition is None else profiles.filter(condition)
@@ -92,10 +93,7 @@ def hidden_launches(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Launch]:
 def team_only_launches() -> QuerySet[Launch]:
     """Launches of team-only profiles: text anyone may read (another launch's pre-flight)
     does not name them."""
-    return Launch.objects.filter(
-        revision__profile__visibility=LaunchProfile.Visibility.TEAM,
-        revision__profile__team__isnull=False,
-    )
+    return Launch.objects.filter(revision__profile__visibility=LaunchProfile.Visibility.TEAM)
 
 
 def visible_cleanups(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Cleanup]:

@@ -2,8 +2,9 @@
 
 ``--json`` prints only ``{"gpus": [{"index", "state" (free/held/quarantined),
 "memory_used_bytes", "orphaned_bytes", "holders": [{"pid", "ppid", "state", "command",
-"launch_id"}], "quarantine_reason"}], "host": {...}}``. Exit 0; 1 when the node does not answer;
-2 for an unknown node.
+"launch_id", "team_only"}], "quarantine_reason"}], "host": {...}}``. A holder of a team-only
+launch the acting user (``--actor``) may not see says only ``team_only``: no launch id, no
+command, as on the node page. Exit 0; 1 when the node does not answer; 2 for an unknown node.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from nodes.choices import Role
 from nodes.domain.units import format_bytes
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Node
-from nodes.services import cleanup
+from nodes.services import cleanup, teams
 
 
 class Command(OneLineCommand):
@@ -31,7 +32,7 @@ class Command(OneLineCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            resolve_actor(options["actor"], Role.VIEWER)
+            actor = resolve_actor(options["actor"], Role.VIEWER)
         except CommandError as exc:
             raise CommandError(str(exc), returncode=2) from None
         node = Node.objects.filter(name=options["node"]).first()
@@ -41,6 +42,7 @@ class Command(OneLineCommand):
             found = cleanup.inspect(node)
         except ssh.RemoteError as exc:
             raise CommandError(f"{node.name}: {exc.message}") from None
+        teams.mask_holders(actor, found.holders)
         if options["json"]:
             self.stdout.write(json.dumps(found.to_json()))
             return
@@ -55,7 +57,13 @@ class Command(OneLineCommand):
                 line += f" — {gpu.quarantine_reason}"
             self.stdout.write(line)
             for h in gpu.holders:
-                owner = f"launch #{h.launch_id}" if h.launch_id else "not Rankwise's"
+                owner = (
+                    "a team-only launch"
+                    if h.team_only
+                    else f"launch #{h.launch_id}"
+                    if h.launch_id
+                    else "not Rankwise's"
+                )
                 self.stdout.write(
                     f"  PID {h.pid} (PPID {h.ppid}, state {h.state}, {owner}): {h.command}"
                 )
