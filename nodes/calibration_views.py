@@ -44,7 +44,14 @@ def rows(profile: LaunchProfile) -> list[dict[str, Any]]:
             if estimate and c.kv_tokens
             else "—"
         )
-        found.append({"calibration": c, "estimate": estimate, "error": error})
+        found.append(
+            {
+                "calibration": c,
+                "source": calibrations.shown_source(c),
+                "estimate": estimate,
+                "error": error,
+            }
+        )
     return found
 
 

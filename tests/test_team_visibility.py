@@ -225,3 +225,22 @@ def test_gpu_holders_of_a_team_only_launch_say_only_that(world):
     assert outsider[1]["command"] == "python train.py"
     member = read_by(world["op1"])
     assert member[0]["launch_id"] == world["launch"].pk and not member[0]["team_only"]
+
+
+def test_a_team_only_launchs_calibration_does_not_name_it(world):
+    """Figures a team-only launch logged still calibrate everyone's estimates, but the text
+    anyone reads (budget lines, the profile page) says "a team-only launch", not its number."""
+    from nodes.models import Calibration
+    from nodes.services import calibrations
+
+    launch = world["launch"]
+    found = Calibration.objects.create(
+        model_path="/srv/models/kimi-k2", gpu_name="NVIDIA H200", tp_size=8,
+        node=launch.node, node_name=launch.node.name, launch=launch,
+        source=f"launch #{launch.pk} on {launch.node.name}",
+        free_before_load_bytes=90 * 2**30, weights_per_rank_bytes=72 * 2**30,
+    )  # fmt: skip
+    said = calibrations.label(found)
+    assert f"#{launch.pk}" not in said and "a team-only launch on gpu-01" in said, said
+    LaunchProfile.objects.filter(name="alpha-secret").update(visibility="everyone")
+    assert f"launch #{launch.pk} on gpu-01" in calibrations.label(found)

@@ -195,6 +195,13 @@ REFUSED_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     ),
     (re.compile(r"NCCL_\w*PLUGIN\w*"), "NCCL loads the plug-in library it names into every rank"),
     (
+        # SGLANG_EXTERNAL_MODEL_PACKAGE, SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE: SGLang imports the
+        # package they name (python/sglang/srt/models/registry.py); any *_PACKAGE, *_MODULE(S),
+        # *_PLUGIN(S) or *_CLASS setting names code to import by the same mechanism.
+        re.compile(r"\w*_(PACKAGES?|MODULES?|PLUGINS?|CLASS|CLASSES|IMPORTS?)"),
+        "the server imports the Python package, module, plug-in or class it names",
+    ),
+    (
         re.compile(r"NCCL_\w*FILE"),
         "NCCL reads or writes the file it names as the server's user (any file that user may "
         "touch)",

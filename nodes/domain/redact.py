@@ -42,7 +42,10 @@ SECRET_PARTS = frozenset({"PRIVATE", "CREDS", "COOKIE", "COOKIES"})
 # These also name ordinary settings (TOKEN_USAGE, KEY_FRAMES, SESSION_ID), so they make a name
 # secret only as its last word: HF_TOKEN, GH_TOKENS, OPENAI_KEY, MY_PASS, SENTRY_DSN, HTTP_AUTH.
 LAST_PARTS = frozenset(
-    {"KEY", "KEYS", "TOKEN", "TOKENS", "PASS", "PWD", "AUTH", "AUTHORIZATION", "DSN", "BEARER"}
+    {
+        *("KEY", "KEYS", "TOKEN", "TOKENS", "PASS", "PWD", "PW", "AUTH", "AUTHORIZATION"),
+        *("DSN", "BEARER", "SIG", "SIGNATURE"),
+    }
 )
 # …and the plurals also end the names of counts (MAX_TOKENS, max_total_num_tokens, NUM_KEYS): a
 # name secret only through one of them shows a value that is a plain number (``hides``).
@@ -220,9 +223,10 @@ def is_secret_flag(flag: str, tables: FlagTable | Sequence[FlagTable] | None = N
 
 # --- environments ------------------------------------------------------------------------------
 
-# ``scheme://user:password@host``: the password part of a URL (a DSN, a proxy) is secret.
+# ``scheme://user:password@host``: the password part of a URL (a DSN, a proxy) is secret, with
+# or without a user name (``redis://:password@host``).
 _URL_PASSWORD = re.compile(
-    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]+:)(?P<pw>[^\s@/'\"]+)@"
+    r"(?P<head>\b[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@'\"]*:)(?P<pw>[^\s@/'\"]+)@"
 )
 
 

@@ -127,8 +127,8 @@ VERSION_TEXT = re.compile(r"(?=.{1,32}\Z)" + VERSION_PATTERN, re.VERBOSE | re.IG
 #: (PEP 440's spellings, with ``~`` as Debian writes it): ``0.5.9rc1-custom``, ``0.5.9~rc1``,
 #: ``0.5.9.dev3-x``. The marker must end there (``0.5.9-custom`` has none: ``c`` + ``ustom``).
 ODD_VERSION = re.compile(
-    r"(?P<release>\d{1,9}(?:\.\d{1,9}){0,3})"
-    r"(?:[-_.~]?(?P<pre>alpha|beta|preview|pre|rc|dev|a|b|c)(?![a-z])[-_.]?(?P<n>\d{0,9}))?",
+    r"[vV]?(?P<release>\d{1,9}(?:\.\d{1,9}){0,3})"
+    r"(?:[-_.~ ]?(?P<pre>alpha|beta|preview|pre|rc|dev|a|b|c)(?![a-z])[-_.]?(?P<n>\d{0,9}))?",
     re.IGNORECASE,
 )
 
@@ -415,6 +415,8 @@ def address_port(address: str) -> str | None:
     host, colon, port = address.rpartition(":")
     if not colon or not host or host.endswith(":") or not re.fullmatch(r"[+-]?\d+", port):
         return None
+    if ":" in host and not (host.startswith("[") and host.endswith("]")):
+        return None  # ``a:80:90``: SGLang splits at ":" and would not read it
     return port
 
 
@@ -463,7 +465,12 @@ def _port_issues(values: dict[str, Any], table: FlagTable) -> list[FlagIssue]:
         if value is not None and is_address_flag(spec):
             port_text = address_port(str(value))
             number = _port_number(port_text)
-            if number is not None and not 1 <= number <= 65535:
+            if number is None:
+                # SGLang joins it into ``tcp://HOST:PORT`` and splits it at ":" for its ZMQ
+                # ports: an address without a readable port fails only when the ranks start.
+                text = f"{flag} {str(value)[:40]} is not HOST:PORT (a host and a TCP port)"
+                issues.append(FlagIssue("invalid", flag, text))
+            elif not 1 <= number <= 65535:
                 text = f"{flag} {str(value)[:40]}: port {port_text} is not a TCP port (1–65535)"
                 issues.append(FlagIssue("invalid", flag, text))
             continue

@@ -15,6 +15,7 @@ from nodes.domain.calibration import CalibrationError, Figures, parse
 from nodes.domain.sglang_flags import ParsedCommand
 from nodes.domain.units import GiB
 from nodes.models import Calibration, Launch, LaunchProfile, Node
+from nodes.services import teams
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,20 @@ def used_now(memory: NodeMemory, ranks: int) -> int:
     return busy[min(len(busy), max(1, ranks)) - 1]
 
 
+def shown_source(calibration: Calibration) -> str:
+    """Where the figures came from, as anyone may read it: ``launch #12 on node-b``, or ``a
+    team-only launch on node-b`` when that launch's profile is team-only (budgets and profile
+    pages are read by people outside the team, who must not learn the launch)."""
+    launch_id = calibration.launch_id
+    if launch_id is not None and teams.team_only_launches().filter(pk=launch_id).exists():
+        return f"a team-only launch on {calibration.node_name or 'a node'}"
+    return calibration.source
+
+
 def label(calibration: Calibration) -> str:
     """ "calibrated from launch #12 on node-b: 72.42 GiB of weights per rank"."""
     weights = calibration.weights_per_rank_bytes / GiB
-    return f"calibrated from {calibration.source}: {weights:.2f} GiB of weights per rank"
+    return f"calibrated from {shown_source(calibration)}: {weights:.2f} GiB of weights per rank"
 
 
 def record_launch(launch: Launch, flags: ParsedCommand) -> Calibration | None:

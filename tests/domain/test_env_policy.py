@@ -130,3 +130,13 @@ def test_a_node_can_allow_a_refused_name_or_prefix():
 def test_bad_allowances_are_named():
     assert parse_allowances("OK, ÄÖ")[1] == "'ÄÖ' is not a variable name or a NAME_* prefix"
     assert parse_allowances("A*B")[1] is not None
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["SGLANG_EXTERNAL_MODEL_PACKAGE", "SGLANG_EXTERNAL_MM_PROCESSOR_PACKAGE", "VLLM_PLUGINS",
+     "TORCH_SOME_MODULE", "HF_LOADER_CLASS"],
+)  # fmt: skip
+def test_settings_that_name_code_to_import_are_refused(name):
+    decision = decide(name)
+    assert decision.kind == "refused" and "imports" in decision.reason, decision

@@ -63,6 +63,14 @@ def test_a_port_inside_an_address_flag_is_checked(version, flags, message):
 
 
 @pytest.mark.parametrize(
+    "address", ["localhost:0x50", "127.0.0.1:", "127.0.0.1", "127.0.0.1:80:90", "127.0.0.1:8O"]
+)
+def test_an_address_without_a_readable_port_is_refused(address):
+    found = issues("0.5.9", f"--dist-init-addr {address}")
+    assert found and "is not HOST:PORT" in found[0], found
+
+
+@pytest.mark.parametrize(
     ("version", "flags", "top"),
     [
         # The re-run's case: ZMQ ports from 65535 + 233 on, past 65535.
@@ -243,3 +251,13 @@ def test_the_per_rank_host_check_rule_follows_pep_440_order(version, per_rank):
 )
 def test_version_text_from_imports_and_bundles_is_pep_440(text, readable):
     assert bool(VERSION_TEXT.fullmatch(text)) is readable
+
+
+@pytest.mark.parametrize(
+    ("text", "table"),
+    [("v0.5.9-x", "0.5.9"), ("V0.5.9rc1-x", "0.5.2"), ("0.5.9 rc1", "0.5.2"), ("v0.5.23", "0.5.23")],
+)
+def test_a_leading_v_and_a_spaced_marker_read_as_pip_would_mean_them(text, table):
+    from nodes.domain.sglang_flags import table_for
+
+    assert table_for(text) == table

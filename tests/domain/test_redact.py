@@ -220,3 +220,13 @@ def test_a_revision_diff_masks_secrets_inside_changed_values():
     assert "pw-old-1" not in shown and "pw-new-2" not in shown and "k-9x" not in shown
     assert changes["--tool-server"].after == "http://u:****@h:9"
     assert changes["env PGPASSWORD"].before == MASK
+
+
+def test_url_passwords_without_a_user_name_and_short_password_names_are_secret():
+    from nodes.domain.redact import redact_args, redact_env
+
+    env = redact_env({"REDIS_URL": "redis://:redispwQ7@h:6379/0", "MY_PW": "hunter22", "X_SIG": "a"})
+    assert env == {"REDIS_URL": "redis://:****@h:6379/0", "MY_PW": "****", "X_SIG": "****"}
+    shown = redact_args(["--tool-server", "http://:toolpw9@h", "--port", "30000"])
+    assert shown == ["--tool-server", "http://:****@h", "--port", "30000"]
+    assert redact_env({"LOG_PATH": "/tmp/a:b@c"}) == {"LOG_PATH": "/tmp/a:b@c"}  # no scheme
