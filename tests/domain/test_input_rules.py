@@ -255,7 +255,12 @@ def test_version_text_from_imports_and_bundles_is_pep_440(text, readable):
 
 @pytest.mark.parametrize(
     ("text", "table"),
-    [("v0.5.9-x", "0.5.9"), ("V0.5.9rc1-x", "0.5.2"), ("0.5.9 rc1", "0.5.2"), ("v0.5.23", "0.5.23")],
+    [
+        ("v0.5.9-x", "0.5.9"),
+        ("V0.5.9rc1-x", "0.5.2"),
+        ("0.5.9 rc1", "0.5.2"),
+        ("v0.5.23", "0.5.23"),
+    ],
 )
 def test_a_leading_v_and_a_spaced_marker_read_as_pip_would_mean_them(text, table):
     from nodes.domain.sglang_flags import table_for

@@ -225,7 +225,9 @@ def test_a_revision_diff_masks_secrets_inside_changed_values():
 def test_url_passwords_without_a_user_name_and_short_password_names_are_secret():
     from nodes.domain.redact import redact_args, redact_env
 
-    env = redact_env({"REDIS_URL": "redis://:redispwQ7@h:6379/0", "MY_PW": "hunter22", "X_SIG": "a"})
+    env = redact_env(
+        {"REDIS_URL": "redis://:redispwQ7@h:6379/0", "MY_PW": "hunter22", "X_SIG": "a"}
+    )
     assert env == {"REDIS_URL": "redis://:****@h:6379/0", "MY_PW": "****", "X_SIG": "****"}
     shown = redact_args(["--tool-server", "http://:toolpw9@h", "--port", "30000"])
     assert shown == ["--tool-server", "http://:****@h", "--port", "30000"]
