@@ -162,7 +162,7 @@ def adhoc_revision(
             sglang_version=version,
             verdict=report.verdict,
             report=masked(report.to_json(), args, env),
-            geometry_source=model.source,
+            geometry_source=model.source[:200],  # the column's width: a long reason is cut
         )
 
 

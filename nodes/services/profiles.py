@@ -258,7 +258,7 @@ def save_revision(
             sglang_version=node.sglang_version or DEFAULT_VERSION,
             verdict=report.verdict,
             report=report.to_json(),
-            geometry_source=model.source,
+            geometry_source=model.source[:200],  # the column's width: a long reason is cut
         )
         record(
             "profile.revision",
