@@ -29,7 +29,13 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from nodes.domain.units import format_bytes
-from nodes.domain.weights import ALLOCATOR_SLACK_BYTES, WeightsEstimate, kv_b_copies
+from nodes.domain.weights import (
+    ALLOCATOR_SLACK_BYTES,
+    WeightsEstimate,
+    config_int,
+    kv_b_copies,
+    text_config,
+)
 
 DTYPE_BYTES = {
     "F64": 8.0,
@@ -82,8 +88,8 @@ def per_rank(
     groups: Iterable[Group], config: dict[str, Any] | None, tp: int, pp: int = 1
 ) -> WeightsEstimate:
     """Weights per rank from the header groups; raises ``HeaderError`` for malformed groups."""
-    text = _text(config)
-    kv_heads = _int(text, "num_key_value_heads") or _int(text, "num_attention_heads")
+    text = text_config(config)
+    kv_heads = config_int(text, "num_key_value_heads") or config_int(text, "num_attention_heads")
     kv_share = max(1, kv_heads // tp) / kv_heads if kv_heads else 1 / tp
     total = replicated = sharded = heads = 0
     for group in groups:
@@ -121,15 +127,3 @@ def per_rank(
         f"  = {format_bytes(result, places=2)} per rank",
     )
     return WeightsEstimate(result, lines)
-
-
-def _text(config: dict[str, Any] | None) -> dict[str, Any]:
-    if not isinstance(config, dict):
-        return {}
-    text = config.get("text_config")
-    return {**config, **text} if isinstance(text, dict) else config
-
-
-def _int(source: dict[str, Any], key: str) -> int:
-    value = source.get(key)
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

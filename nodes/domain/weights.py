@@ -44,7 +44,7 @@ def per_rank(
     ``config`` is the model's ``config.json`` (None: only the split and the slack are known).
     Never raises for odd configs: a key that is missing or not a number counts as absent.
     """
-    text = _text_config(config)
+    text = text_config(config)
     replicated = _replicated(text, config or {})
     copies = kv_b_copies(text, tp)
     shard = checkpoint_bytes // (tp * pp)
@@ -66,14 +66,16 @@ def per_rank(
     return WeightsEstimate(total, tuple(lines))
 
 
-def _text_config(config: dict[str, Any] | None) -> dict[str, Any]:
+def text_config(config: dict[str, Any] | None) -> dict[str, Any]:
+    """A ``config.json`` with its ``text_config`` (multimodal models) laid over it."""
     if not isinstance(config, dict):
         return {}
     text = config.get("text_config")
     return {**config, **text} if isinstance(text, dict) else config
 
 
-def _int(source: dict[str, Any], key: str) -> int:
+def config_int(source: dict[str, Any], key: str) -> int:
+    """``source[key]`` when it is a plausible positive count (below 10^7), else 0."""
     value = source.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value < 10**7:
         return 0
@@ -99,22 +101,25 @@ def _attention_elem(text: dict[str, Any]) -> float:
 
 def _replicated(text: dict[str, Any], config: dict[str, Any]) -> list[tuple[str, int]]:
     found = []
-    hidden = _int(text, "hidden_size")
-    layers = _int(text, "num_hidden_layers")
-    kv_lora = _int(text, "kv_lora_rank")
+    hidden = config_int(text, "hidden_size")
+    layers = config_int(text, "num_hidden_layers")
+    kv_lora = config_int(text, "kv_lora_rank")
     if kv_lora and hidden and layers:
-        fused = _int(text, "q_lora_rank") + kv_lora + _int(text, "qk_rope_head_dim")
+        fused = config_int(text, "q_lora_rank") + kv_lora + config_int(text, "qk_rope_head_dim")
         size = int(fused * hidden * layers * _attention_elem(text))
-        name = "fused q_a/kv_a projection" if _int(text, "q_lora_rank") else "kv_a projection"
+        name = "fused q_a/kv_a projection" if config_int(text, "q_lora_rank") else "kv_a projection"
         found.append((name, size))
-    experts = _int(text, "n_routed_experts") or _int(text, "num_experts")
+    experts = config_int(text, "n_routed_experts") or config_int(text, "num_experts")
     if experts and hidden and layers:
-        moe_layers = layers - _int(text, "first_k_dense_replace")
+        moe_layers = layers - config_int(text, "first_k_dense_replace")
         found.append(("MoE router", experts * hidden * moe_layers * BF16))
     vision = config.get("vision_config")
     if isinstance(vision, dict) and vision.get("model_type") == "moonvit" and hidden:
-        v_hidden, v_layers = _int(vision, "hidden_size"), _int(vision, "num_hidden_layers")
-        mlp = v_layers * 2 * v_hidden * _int(vision, "intermediate_size") * BF16
+        v_hidden, v_layers = (
+            config_int(vision, "hidden_size"),
+            config_int(vision, "num_hidden_layers"),
+        )
+        mlp = v_layers * 2 * v_hidden * config_int(vision, "intermediate_size") * BF16
         merged = 4 * v_hidden  # 2 × 2 patch merge before the projector
         projector = (merged * merged + merged * hidden) * BF16
         found.append(("MoonViT MLP and projector", mlp + projector))
@@ -123,10 +128,10 @@ def _replicated(text: dict[str, Any], config: dict[str, Any]) -> list[tuple[str,
 
 def kv_b_copies(text: dict[str, Any], tp: int) -> int:
     """Bytes of the w_kc/w_vc copies SGLang keeps of kv_b_proj on one rank (MLA only, else 0)."""
-    heads = _int(text, "num_attention_heads")
-    kv_lora = _int(text, "kv_lora_rank")
-    per_head = _int(text, "qk_nope_head_dim") + _int(text, "v_head_dim")
-    layers = _int(text, "num_hidden_layers")
+    heads = config_int(text, "num_attention_heads")
+    kv_lora = config_int(text, "kv_lora_rank")
+    per_head = config_int(text, "qk_nope_head_dim") + config_int(text, "v_head_dim")
+    layers = config_int(text, "num_hidden_layers")
     if not (heads and kv_lora and per_head and layers):
         return 0
     return max(1, heads // tp) * per_head * kv_lora * layers * BF16

@@ -33,14 +33,14 @@ from nodes.audit import record
 from nodes.choices import LAUNCH_ACTIVE, LAUNCH_ENDED, LAUNCH_RUNNING, LaunchStatus, NodeStatus
 from nodes.domain import launch_plan as plan
 from nodes.domain import timeline
-from nodes.domain.budget import BudgetReport, NodeMemory, check
+from nodes.domain.budget import BudgetReport, NodeMemory
 from nodes.domain.probe_parse import NodeFacts
 from nodes.domain.redact import mask_doc, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
 from nodes.queue import QueueUnavailable, enqueue
-from nodes.services import calibrations, cleanup, diagnoses, discovery, teams
+from nodes.services import cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for
 from nodes.services.profiles import (
     DEFAULT_VERSION,
@@ -471,6 +471,8 @@ def _sglang_problem(facts: NodeFacts) -> str | None:
 
 
 def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str) -> BudgetReport:
+    """The budget of the launch's own command (its port included) on the node as pre-flight
+    just read it, the launch's GPUs only: ``profiles.evaluate`` with that memory."""
     by_index = {g.index: g for g in facts.gpus}
     chosen = [by_index[i] for i in launch.gpus if i in by_index]
     memory = NodeMemory(
@@ -482,17 +484,7 @@ def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str
         gpu_names=tuple(g.name for g in chosen),
     )
     model = model_facts(launch.node, str(flags.get("model_path", default="") or ""))
-    observed, _ = calibrations.observed_for(
-        flags, [g.name for g in chosen], calibrations.used_now(memory, calibrations.ranks(flags))
-    )
-    return check(
-        flags,
-        memory,
-        version=version,
-        geometry=model.geometry,
-        weights_bytes=model.weights_bytes,
-        observed=observed,
-    )
+    return evaluate(args_of(launch), launch.node, model, version, flags.env, memory)
 
 
 def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetReport) -> bool:
