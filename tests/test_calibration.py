@@ -210,3 +210,48 @@ def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(oper
     assert stored.profile == revision.profile and stored.kv_tokens == 238_007
     table_html = text[text.find("Calibration from") :]
     assert "238007" in table_html.replace(",", "") and "+0.0 %" not in table_html
+
+
+def test_a_log_of_another_model_or_tp_size_does_not_calibrate(tmp_path):
+    from nodes.domain.calibration import check_fits
+
+    args = "server_args=ServerArgs(model_path='/srv/models/qwen2.5-7b', tp_size=1, port=30000)"
+    figures = parse(
+        [
+            args,
+            "[t TP0] Load weight begin. avail mem=90.00 GB",
+            "[t TP0] Load weight end. type=X, avail mem=75.00 GB, mem usage=14.77 GB.",
+        ]
+    )
+    with pytest.raises(CalibrationError, match="TP1, not TP4"):
+        check_fits(figures, "/srv/models/llama-3-70b", 4)
+    with pytest.raises(CalibrationError, match="not /srv/models/llama-3-70b"):
+        check_fits(figures, "/srv/models/llama-3-70b", 1)
+    check_fits(figures, "/other/place/Qwen2.5-7B/", 1)  # the same model elsewhere calibrates
+    # The budget command refuses it as input (exit 2) and says why.
+    log, node = tmp_path / "qwen.log", tmp_path / "node.json"
+    log.write_text(
+        "\n".join(
+            [
+                args,
+                *(
+                    f"[t TP0] {x}"
+                    for x in (
+                        "Load weight begin. avail mem=90.00 GB",
+                        "Load weight end. type=X, avail mem=75.00 GB, mem usage=14.77 GB.",
+                    )
+                ),
+            ]
+        )
+        + "\n"
+    )  # noqa: E501
+    node.write_text(json.dumps(json.loads((S01 / "facts.json").read_text())["node"]))
+    refused = subprocess.run(
+        [sys.executable, "manage.py", "budget", "--node", str(node), "--calibrate-from", str(log)]
+        + ["--", "python3", "-m", "sglang.launch_server", *S01_ARGS, "0.93"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert refused.returncode == 2 and "TP1, not TP8" in refused.stderr, refused.stderr

@@ -20,6 +20,10 @@ _RANK = re.compile(r"^\[[^\]]*?\bTP(\d+)\b[^\]]*\]")
 _BEGIN = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
 _END = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
 _KV = re.compile(r"KV Cache is allocated\.(?: dtype: [^,]+,)? #tokens: (\d+)")
+# SGLang prints its arguments once at start-up: ``server_args=ServerArgs(model_path='…', …,
+# tp_size=4, …)`` (python/sglang/srt/server_args.py, dataclass repr).
+_ARG_MODEL = re.compile(r"server_args=ServerArgs\(.*?\bmodel_path='([^']*)'")
+_ARG_TP = re.compile(r"server_args=ServerArgs\(.*?\btp_size=(\d+)")
 _MAX = re.compile(r"max_total_num_tokens=(-?\d+)")
 
 
@@ -47,6 +51,8 @@ class Figures:
     weights_per_rank_bytes: int
     kv_tokens: int | None
     ranks: tuple[RankFigures, ...]
+    model_path: str | None = None  # as the log's server_args give them, when it has them
+    tp_size: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         doc = asdict(self)
@@ -62,8 +68,12 @@ def parse(lines: Iterable[str]) -> Figures:
     """The calibration figures of a start-up log; raises ``CalibrationError`` when the log does
     not show both weight lines of at least one rank."""
     ranks: dict[int, RankFigures] = {}
-    max_total = None
+    max_total = model_path = tp_size = None
     for line in lines:
+        if model_path is None and (arg := _ARG_MODEL.search(line)):
+            model_path = arg.group(1)
+        if tp_size is None and (arg := _ARG_TP.search(line)):
+            tp_size = int(arg.group(1))
         found = _RANK.search(line)
         rank = int(found.group(1)) if found else 0
         figures = ranks.setdefault(rank, RankFigures(rank))
@@ -85,4 +95,20 @@ def parse(lines: Iterable[str]) -> Figures:
     kv = [r.kv_tokens for r in ranks.values() if r.kv_tokens is not None]
     tokens = max_total if max_total is not None else (min(kv) if kv else None)
     kept = tuple(r for _, r in sorted(ranks.items()) if r != RankFigures(r.rank))
-    return Figures(min(frees), max(weights), tokens, kept)
+    return Figures(min(frees), max(weights), tokens, kept, model_path, tp_size)
+
+
+def check_fits(figures: Figures, model_path: str, tp: int) -> None:
+    """Raise ``CalibrationError`` when the log's own arguments say it is of another model
+    (another folder name) or another TP size than the estimate it would calibrate: weights per
+    rank of one are no figure for the other. A log without ``server_args`` is taken as given."""
+    if figures.tp_size is not None and figures.tp_size != tp:
+        raise CalibrationError(f"the log is of a server at TP{figures.tp_size}, not TP{tp}")
+    if figures.model_path and model_path:
+        theirs, ours = (
+            p.rstrip("/").rsplit("/", 1)[-1].lower() for p in (figures.model_path, model_path)
+        )
+        if theirs != ours:
+            raise CalibrationError(
+                f"the log is of {figures.model_path}, not {model_path} (folder names differ)"
+            )

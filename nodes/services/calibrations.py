@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 
 from nodes.domain.budget import NodeMemory, Observed
-from nodes.domain.calibration import CalibrationError, Figures, parse
+from nodes.domain.calibration import CalibrationError, Figures, check_fits, parse
 from nodes.domain.sglang_flags import ParsedCommand
 from nodes.domain.units import GiB
 from nodes.models import Calibration, Launch, LaunchProfile, Node
@@ -103,10 +103,12 @@ def record_log(
     """Store a pasted log's figures for the profile's model on ``node``'s GPU model; raises
     ``CalibrationError`` with the reason when the log cannot calibrate."""
     figures = parse(lines)
+    model_path = str(flags.get("model_path", default="") or "")
+    check_fits(figures, model_path, tp_of(flags))
     first = node.gpus.order_by("index").first()
     return _store(
         figures,
-        model_path=str(flags.get("model_path", default="") or ""),
+        model_path=model_path,
         gpu_name=first.name if first else "",
         tp=tp_of(flags),
         node=node,

@@ -24,7 +24,7 @@ from packaging.version import InvalidVersion, Version
 from nodes.domain import calibration
 from nodes.domain.budget import NodeMemory, Observed, check
 from nodes.domain.geometry import GeometryError, from_config
-from nodes.domain.sglang_flags import parse_command, split_command
+from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.management.cli import OneLineCommand
 
@@ -96,8 +96,6 @@ class Command(OneLineCommand):
                 returncode=2,
             ) from None
         memory = replace(memory, gpu_names=names)
-        if options["calibrate_from"]:
-            observed = _calibrated(options["calibrate_from"], observed)
         version = str(
             options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
         )
@@ -114,6 +112,8 @@ class Command(OneLineCommand):
             raise CommandError(f"the launch command cannot be split: {exc}", returncode=2) from None
         flags = parse_command(argv, table(version))
         flags.env = env
+        if options["calibrate_from"]:
+            observed = _calibrated(options["calibrate_from"], observed, flags)
         geometry = None
         if config is not None:
             try:
@@ -142,11 +142,17 @@ class Command(OneLineCommand):
             raise SystemExit(1)
 
 
-def _calibrated(path: str, given: Observed) -> Observed:
-    """Figures from a start-up log; ones given on the command line win."""
+def _calibrated(path: str, given: Observed, flags: ParsedCommand) -> Observed:
+    """Figures from a start-up log of the same model and TP size as ``flags``; ones given on
+    the command line win."""
     try:
         with open(path, errors="replace") as handle:
             figures = calibration.parse(handle)
+        calibration.check_fits(
+            figures,
+            str(flags.get("model_path", default="") or ""),
+            int(flags.get("tp_size", "tensor_parallel_size", default=1)),
+        )
     except OSError as exc:
         raise CommandError(
             f"--calibrate-from: cannot read {path}: {exc.strerror}", returncode=2
