@@ -41,9 +41,9 @@ def bring_up(state: str, count: int) -> list[dict[str, object]]:
 def register(nodes: list[dict[str, object]]) -> None:
     from django.core.management import call_command
 
-    from nodes.choices import Role
     from nodes.management.cli import resolve_actor
     from nodes.models import Node
+    from nodes.models.choices import Role
     from nodes.services.credentials import create_credential
     from nodes.services.discovery import offer_host_key, trust_host_key
 

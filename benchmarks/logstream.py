@@ -163,9 +163,9 @@ def wait(predicate: Callable[[], T | None], timeout: float, what: str) -> T:
 
 
 def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: int) -> list[str]:
-    from nodes.choices import Role
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
+    from nodes.models.choices import Role
     from nodes.services import launches
     from nodes.services.launches import adhoc_revision
     from tests.sse import follow
@@ -223,9 +223,9 @@ def part_two(
     sims: list[dict[str, object]], launches_count: int, seconds: int, rate: int
 ) -> list[str]:
     from controlpanel.celery import app
-    from nodes.choices import Role
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
+    from nodes.models.choices import Role
     from nodes.services import launches
 
     actor = resolve_actor(None, Role.OPERATOR)

@@ -13,11 +13,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from nodes.audit import record
-from nodes.choices import Role
 from nodes.domain.calibration import CalibrationError
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import Calibration, LaunchProfile
+from nodes.models.choices import Role
 from nodes.roles import role_required
 from nodes.services import calibrations
 from nodes.services.profiles import DEFAULT_VERSION

@@ -13,9 +13,9 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from nodes import ssh
-from nodes.choices import Role
 from nodes.cleanup_forms import CleanupForm
 from nodes.models import Launch, Node
+from nodes.models.choices import Role
 from nodes.roles import role_required
 from nodes.services import cleanup, teams
 from nodes.views import HtmxHttpRequest, _redirect

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from django.http import HttpRequest
 
-from nodes.choices import Role
+from nodes.models.choices import Role
 from nodes.roles import has_role, role_of
 
 

@@ -37,12 +37,12 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from redis.exceptions import RedisError
 
-from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain import remedy, timeline
 from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
 from nodes.launch_forms import BundleUploadForm, LaunchForm
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
+from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import has_role, role_required
 from nodes.services import bundle_uploads, bundles, diagnoses, launches

@@ -17,12 +17,12 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 
 from nodes import calibration_views
 from nodes.audit import record
-from nodes.choices import Role
 from nodes.domain import remedy, revision_diff
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
+from nodes.models.choices import Role
 from nodes.profile_forms import ProfileForm, data_from_command
 from nodes.roles import has_role, role_required
 from nodes.services.profiles import (

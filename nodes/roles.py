@@ -14,7 +14,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseBase
 
-from nodes.choices import ROLE_ORDER, Role
+from nodes.models.choices import ROLE_ORDER, Role
 
 
 def role_of(user: AbstractBaseUser | AnonymousUser) -> Role | None:

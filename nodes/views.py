@@ -23,9 +23,9 @@ from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
 from nodes.audit import record
-from nodes.choices import Role
 from nodes.forms import CredentialForm, NodeForm
 from nodes.models import AuditEntry, Gpu, Node, SshCredential
+from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import role_required
 from nodes.services import teams

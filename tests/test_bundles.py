@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from django.urls import reverse
 
-from nodes.choices import LaunchStatus
 from nodes.domain.bundle import BundleError, exit_of
 from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision
+from nodes.models.choices import LaunchStatus
 from nodes.services.bundles import read_bundle
 from tests.factories import make_node
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from nodes.choices import LaunchStatus
 from nodes.domain.calibration import CalibrationError, parse
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import Calibration, Gpu, Launch
+from nodes.models.choices import LaunchStatus
 from nodes.services import calibrations, discovery, launches, profiles
 from tests.conftest import register_sim_node
 from tests.factories import make_node, make_user

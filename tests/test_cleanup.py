@@ -14,8 +14,8 @@ import pytest
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, Cleanup, GpuQuarantine, Launch, Reservation
+from nodes.models.choices import LaunchStatus
 from nodes.services import cleanup, discovery, launches
 from tests.conftest import manage_py
 from tests.fleet import simfleet, wait_until

@@ -9,8 +9,8 @@ import pytest
 from django.test import Client
 
 from nodes import ssh
-from nodes.choices import LaunchStatus, NodeStatus
 from nodes.models import AuditEntry, Launch, Node, NodeEvent, Reservation
+from nodes.models.choices import LaunchStatus, NodeStatus
 from nodes.services import discovery, launches, tokens
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from django.db import transaction
 
-from nodes.choices import LaunchStatus
 from nodes.models import Launch, LaunchLogLine, LaunchProfile, Node, ProfileRevision
+from nodes.models.choices import LaunchStatus
 from nodes.services import discovery, launches
 from tests.conftest import register_sim_node
 from tests.factories import make_user

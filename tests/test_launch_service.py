@@ -9,7 +9,6 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from nodes.choices import LaunchStatus
 from nodes.domain.logparse import Progress
 from nodes.domain.logtext import Piece
 from nodes.models import (
@@ -21,6 +20,7 @@ from nodes.models import (
     ProfileRevision,
     Reservation,
 )
+from nodes.models.choices import LaunchStatus
 from nodes.services import launches
 from nodes.services.follower import Follower
 from nodes.tasks import stop_launch

@@ -8,8 +8,8 @@ import threading
 
 import pytest
 
-from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, Launch, LaunchLogLine, Reservation
+from nodes.models.choices import LaunchStatus
 from nodes.services import bundles, discovery, launches
 from tests.conftest import manage_py, register_sim_node
 from tests.factories import make_user

@@ -10,8 +10,8 @@ from collections.abc import Callable
 import pytest
 import requests
 
-from nodes.choices import LaunchStatus
 from nodes.models import Cleanup, Launch, LaunchProfile, ProfileRevision, Reservation
+from nodes.models.choices import LaunchStatus
 from nodes.services import tokens
 from tests.conftest import database_url
 from tests.factories import PASSWORD, make_node, make_user

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, KnownGoodStamp, Launch
+from nodes.models.choices import LaunchStatus
 from nodes.services import launches
 from nodes.services.profiles import evaluate, model_facts, save_revision
 from tests.fleet import wait_until

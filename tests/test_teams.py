@@ -11,8 +11,8 @@ from typing import Any, cast
 import pytest
 from django.urls import reverse
 
-from nodes.choices import LaunchStatus
 from nodes.models import AuditEntry, LaunchProfile, ProfileRevision, Team
+from nodes.models.choices import LaunchStatus
 from nodes.services import launches, teams, tokens
 from nodes.services.profiles import evaluate, model_facts, save_revision
 from tests.factories import make_node, make_user

@@ -12,7 +12,6 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
-from nodes.choices import LaunchStatus
 from nodes.domain import timeline
 from nodes.models import (
     AuditEntry,
@@ -22,6 +21,7 @@ from nodes.models import (
     LaunchProfile,
     ProfileRevision,
 )
+from nodes.models.choices import LaunchStatus
 from nodes.services import bundle_uploads
 from nodes.services.diagnoses import diagnose_launch
 from tests.factories import make_node

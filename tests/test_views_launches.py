@@ -14,8 +14,8 @@ import pytest
 from django.test import AsyncClient
 from django.urls import reverse
 
-from nodes.choices import LaunchStatus
 from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision, Reservation
+from nodes.models.choices import LaunchStatus
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db(transaction=True)

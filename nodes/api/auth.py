@@ -8,7 +8,7 @@ from django.http import HttpRequest
 from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
-from nodes.choices import Role
+from nodes.models.choices import Role
 from nodes.roles import has_role
 from nodes.services import tokens
 

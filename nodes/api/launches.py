@@ -13,8 +13,8 @@ from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
-from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.models import Launch
+from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import enqueue
 from nodes.services import diagnoses, launches
 from nodes.services.teams import visible_launches

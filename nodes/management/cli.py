@@ -15,7 +15,7 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from nodes.choices import Role
+from nodes.models.choices import Role
 from nodes.roles import has_role
 
 

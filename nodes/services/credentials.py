@@ -9,8 +9,8 @@ from django.views.decorators.debug import sensitive_variables
 
 from nodes import secrets, ssh
 from nodes.audit import record
-from nodes.choices import NodeStatus
 from nodes.models import Node, SshCredential
+from nodes.models.choices import NodeStatus
 
 Actor = AbstractBaseUser | AnonymousUser
 

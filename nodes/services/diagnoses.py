@@ -13,13 +13,13 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest
 
-from nodes.choices import LaunchStatus
 from nodes.domain import remedy
 from nodes.domain.budget import BudgetReport
 from nodes.domain.diagnosis import Diagnosis, diagnose
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, ProfileRevision
+from nodes.models.choices import LaunchStatus
 from nodes.services import bundles, profiles, teams
 from nodes.services.profiles import DEFAULT_VERSION
 

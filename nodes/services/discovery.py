@@ -21,7 +21,6 @@ from django.utils import timezone
 
 from nodes import ssh
 from nodes.audit import record
-from nodes.choices import NodeStatus
 from nodes.domain.inventory import node_status
 from nodes.domain.probe_parse import (
     GpuProcess,
@@ -32,6 +31,7 @@ from nodes.domain.probe_parse import (
     parse_probe,
 )
 from nodes.models import Gpu, Node, NodeEvent
+from nodes.models.choices import NodeStatus
 from nodes.services import cleanup, hostkeys
 from nodes.services.credentials import target_for
 

@@ -24,13 +24,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.choices import LAUNCH_ENDED, LaunchStatus, NodeStatus
 from nodes.domain import launch_plan as plan
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import mask_text, masked_lines, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
 from nodes.models import Launch, LaunchLogLine
+from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, NodeStatus
 from nodes.services import calibrations, diagnoses, hostkeys, launches, stamps, teams
 from nodes.services.credentials import target_for
 

@@ -11,8 +11,8 @@ from django.db import transaction
 
 from nodes import ssh
 from nodes.audit import record
-from nodes.choices import NodeStatus
 from nodes.models import Node, NodeEvent
+from nodes.models.choices import NodeStatus
 from nodes.services.credentials import target_for
 
 

@@ -7,9 +7,9 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from nodes.audit import record
-from nodes.choices import NodeStatus
 from nodes.forms import NodeForm
 from nodes.models import Node, NodeEvent
+from nodes.models.choices import NodeStatus
 
 Actor = AbstractBaseUser | AnonymousUser
 

@@ -30,7 +30,6 @@ from django.utils import timezone
 
 from nodes import ssh
 from nodes.audit import record
-from nodes.choices import LAUNCH_ACTIVE, LAUNCH_ENDED, LAUNCH_RUNNING, LaunchStatus, NodeStatus
 from nodes.domain import launch_plan as plan
 from nodes.domain import timeline
 from nodes.domain.budget import BudgetReport, NodeMemory
@@ -39,6 +38,13 @@ from nodes.domain.redact import mask_doc, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
 from nodes.models import Launch, LaunchProfile, Node, ProfileRevision, Reservation
+from nodes.models.choices import (
+    LAUNCH_ACTIVE,
+    LAUNCH_ENDED,
+    LAUNCH_RUNNING,
+    LaunchStatus,
+    NodeStatus,
+)
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import cleanup, diagnoses, discovery, teams
 from nodes.services.credentials import target_for

@@ -19,7 +19,6 @@ from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.audit import record
-from nodes.choices import NodeStatus
 from nodes.domain import env_policy
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
@@ -27,6 +26,7 @@ from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node, ProfileRevision
+from nodes.models.choices import NodeStatus
 from nodes.services import teams
 from nodes.services.credentials import target_for
 from nodes.services.teams import visible_profiles

@@ -14,8 +14,8 @@ from django.utils import timezone
 
 from nodes import ssh
 from nodes.audit import record
-from nodes.choices import LaunchStatus
 from nodes.models import KnownGoodStamp, Launch
+from nodes.models.choices import LaunchStatus
 from nodes.services import discovery
 
 

@@ -28,9 +28,9 @@ from django.core.mail import send_mail
 from django.db.models import CharField, Q, QuerySet
 from django.db.models.functions import Cast
 
-from nodes.choices import Role
 from nodes.domain.gpu_holders import Holder
 from nodes.models import AuditEntry, Cleanup, Launch, LaunchProfile, Node, Team
+from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.roles import has_role
 

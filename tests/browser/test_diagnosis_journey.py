@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from nodes.choices import LaunchStatus
 from nodes.models import Launch
+from nodes.models.choices import LaunchStatus
 from nodes.services import discovery, launches
 from tests.browser.test_node_journey import log_in
 from tests.conftest import register_sim_node

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import expect
 
-from nodes.choices import LaunchStatus
 from nodes.models import KnownGoodStamp, Launch
+from nodes.models.choices import LaunchStatus
 from nodes.services import discovery, launches
 from nodes.services.profiles import evaluate, model_facts, save_revision
 from tests.browser.test_node_journey import log_in

@@ -17,10 +17,10 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from nodes import ssh
-from nodes.choices import Role
 from nodes.domain.launch_plan import PlanError, parse_gpu_list
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Launch, Node
+from nodes.models.choices import Role
 from nodes.services import cleanup, teams
 
 

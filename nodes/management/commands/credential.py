@@ -8,7 +8,6 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from nodes import ssh
-from nodes.choices import Role
 from nodes.domain.inventory import check_node_name
 from nodes.management.cli import (
     OneLineCommand,
@@ -18,6 +17,7 @@ from nodes.management.cli import (
     resolve_actor,
 )
 from nodes.models import SshCredential
+from nodes.models.choices import Role
 from nodes.services.credentials import create_credential
 
 

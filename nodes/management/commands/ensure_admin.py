@@ -17,7 +17,7 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from nodes.audit import record
-from nodes.choices import Role
+from nodes.models.choices import Role
 
 
 class Command(BaseCommand):

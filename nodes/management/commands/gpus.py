@@ -15,10 +15,10 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 
 from nodes import ssh
-from nodes.choices import Role
 from nodes.domain.units import format_bytes
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Node
+from nodes.models.choices import Role
 from nodes.services import cleanup, teams
 
 

@@ -11,9 +11,9 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.choices import LAUNCH_ENDED
 from nodes.management.cli import OneLineCommand
 from nodes.models import Launch
+from nodes.models.choices import LAUNCH_ENDED
 
 
 class Command(OneLineCommand):

@@ -21,10 +21,10 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.domain.launch_plan import PlanError, parse_gpu_list
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Launch, Node
+from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable
 from nodes.services import launches
 

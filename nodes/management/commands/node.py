@@ -18,7 +18,6 @@ from redis.exceptions import RedisError
 from controlpanel.celery import app as celery_app
 from nodes import ssh
 from nodes.audit import record
-from nodes.choices import Role
 from nodes.domain.units import UnitError, format_bytes, split_size
 from nodes.forms import NodeForm
 from nodes.management.cli import (
@@ -29,6 +28,7 @@ from nodes.management.cli import (
     resolve_actor,
 )
 from nodes.models import Node, SshCredential
+from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import discovery
 from nodes.services.credentials import create_credential, readable, replace_key

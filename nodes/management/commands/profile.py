@@ -24,12 +24,12 @@ from typing import Any, NoReturn
 
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.choices import Role
 from nodes.domain.budget import BudgetReport
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import split_command
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.models import Node, ProfileRevision
+from nodes.models.choices import Role
 from nodes.services import launches, profiles
 
 MAX_MESSAGE = 500  # as the form's "What changed"

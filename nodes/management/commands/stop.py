@@ -12,8 +12,8 @@ from typing import Any
 from celery.exceptions import TimeoutError as CeleryTimeout
 from django.core.management.base import CommandError, CommandParser
 
-from nodes.choices import LaunchStatus, Role
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
+from nodes.models.choices import LaunchStatus, Role
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import teams
 

@@ -15,8 +15,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
 from nodes.audit import record
-from nodes.choices import ROLE_ORDER, Role
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
+from nodes.models.choices import ROLE_ORDER, Role
 from nodes.roles import role_of
 
 
