@@ -39,7 +39,7 @@ def main() -> None:
 
         from nodes.domain.units import GB, GiB
         from nodes.models import Gpu, Node
-        from nodes.roles import ensure_roles
+        from nodes.services.roles import ensure_roles
         from simfleet.models import MODELS
         from tests.factories import make_user
 

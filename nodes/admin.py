@@ -11,8 +11,8 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from nodes.audit import record
 from nodes.models import AuditEntry, Gpu, LaunchProfile, Node, Team
+from nodes.services.audit import record
 
 
 class ViewOnly:

@@ -17,6 +17,6 @@ class NodesConfig(AppConfig):
 
 
 def _ensure_roles(**kwargs: Any) -> None:
-    from nodes.roles import ensure_roles
+    from nodes.services.roles import ensure_roles
 
     ensure_roles()

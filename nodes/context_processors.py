@@ -8,7 +8,7 @@ from __future__ import annotations
 from django.http import HttpRequest
 
 from nodes.models.choices import Role
-from nodes.roles import has_role, role_of
+from nodes.services.roles import has_role, role_of
 
 
 def roles(request: HttpRequest) -> dict[str, object]:

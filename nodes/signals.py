@@ -8,7 +8,7 @@ from django.contrib.auth.signals import user_logged_in, user_logged_out, user_lo
 from django.dispatch import receiver
 from django.http import HttpRequest
 
-from nodes.audit import record
+from nodes.services.audit import record
 
 
 @receiver(user_logged_in)

@@ -62,7 +62,7 @@ def test_audit_entries_cannot_be_changed_even_by_a_superuser(admin_user):
 
 
 def test_the_trail_filters_by_action_actor_and_object_and_shows_before_after(viewer_client):
-    from nodes.audit import record
+    from nodes.services.audit import record
     from tests.factories import make_user
 
     olga = make_user("olga", "operator")

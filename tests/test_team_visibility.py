@@ -11,7 +11,6 @@ import pytest
 from django.test import AsyncClient, Client
 from django.urls import reverse
 
-from nodes.audit import record
 from nodes.models import (
     AuditEntry,
     Cleanup,
@@ -23,6 +22,7 @@ from nodes.models import (
     Team,
 )
 from nodes.services import profiles, tokens
+from nodes.services.audit import record
 from tests.factories import make_node, make_user
 from tests.test_views_diagnosis import INCIDENT, failed, pools
 from tests.test_views_launches import _read_stream, in_fresh_loop

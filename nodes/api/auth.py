@@ -9,8 +9,8 @@ from ninja.errors import HttpError
 from ninja.security import HttpBearer
 
 from nodes.models.choices import Role
-from nodes.roles import has_role
 from nodes.services import tokens
+from nodes.services.roles import has_role
 
 
 class TokenAuth(HttpBearer):

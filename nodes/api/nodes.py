@@ -13,11 +13,11 @@ from nodes import ssh
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, Error, NodeOut
-from nodes.audit import record
 from nodes.models import Node
 from nodes.models.choices import Role
 from nodes.queue import enqueue
 from nodes.services import cleanup, teams
+from nodes.services.audit import record
 
 router = Router(tags=["nodes"])
 

@@ -13,12 +13,12 @@ from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
-from nodes.audit import record
 from nodes.domain.budget import BudgetReport
 from nodes.models import LaunchProfile
 from nodes.models.choices import Role
-from nodes.roles import has_role
 from nodes.services import exchange, profiles, teams
+from nodes.services.audit import record
+from nodes.services.roles import has_role
 from nodes.services.teams import visible_profiles
 
 router = Router(tags=["profiles"])

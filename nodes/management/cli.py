@@ -16,7 +16,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from nodes.models.choices import Role
-from nodes.roles import has_role
+from nodes.services.roles import has_role
 
 
 class OneLineParser(CommandParser):

@@ -25,13 +25,13 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.audit import record
 from nodes.domain import gpu_holders as gh
 from nodes.domain.units import format_bytes
 from nodes.models import Cleanup, CleanupStep, GpuQuarantine, Launch, Node, NodeEvent, Reservation
 from nodes.models.choices import LAUNCH_ENDED
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import diagnoses, discovery, teams
+from nodes.services.audit import record
 from nodes.services.credentials import target_for
 
 GPUCTL = (Path(__file__).resolve().parent.parent / "remote" / "gpuctl.py").read_text()

@@ -8,9 +8,9 @@ from django.http import HttpRequest
 from django.views.decorators.debug import sensitive_variables
 
 from nodes import secrets, ssh
-from nodes.audit import record
 from nodes.models import Node, SshCredential
 from nodes.models.choices import NodeStatus
+from nodes.services.audit import record
 
 Actor = AbstractBaseUser | AnonymousUser
 

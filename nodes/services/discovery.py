@@ -20,7 +20,6 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.audit import record
 from nodes.domain.inventory import node_status
 from nodes.domain.probe_parse import (
     GpuProcess,
@@ -33,6 +32,7 @@ from nodes.domain.probe_parse import (
 from nodes.models import Gpu, Node, NodeEvent
 from nodes.models.choices import NodeStatus
 from nodes.services import cleanup, hostkeys
+from nodes.services.audit import record
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)

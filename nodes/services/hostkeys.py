@@ -10,9 +10,9 @@ from __future__ import annotations
 from django.db import transaction
 
 from nodes import ssh
-from nodes.audit import record
 from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
+from nodes.services.audit import record
 from nodes.services.credentials import target_for
 
 

@@ -6,10 +6,10 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
 
-from nodes.audit import record
-from nodes.forms import NodeForm
+from nodes.forms.inventory import NodeForm
 from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
+from nodes.services.audit import record
 
 Actor = AbstractBaseUser | AnonymousUser
 

@@ -29,7 +29,6 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.audit import record
 from nodes.domain import launch_plan as plan
 from nodes.domain import timeline
 from nodes.domain.budget import BudgetReport, NodeMemory
@@ -47,6 +46,7 @@ from nodes.models.choices import (
 )
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import cleanup, diagnoses, discovery, teams
+from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.profiles import (
     DEFAULT_VERSION,

@@ -18,7 +18,6 @@ from django.db.models import Max
 from django.http import HttpRequest
 
 from nodes import ssh
-from nodes.audit import record
 from nodes.domain import env_policy
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
@@ -28,6 +27,7 @@ from nodes.flag_tables import table
 from nodes.models import LaunchProfile, Node, ProfileRevision
 from nodes.models.choices import NodeStatus
 from nodes.services import teams
+from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.teams import visible_profiles
 

@@ -13,10 +13,10 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.audit import record
 from nodes.models import KnownGoodStamp, Launch
 from nodes.models.choices import LaunchStatus
 from nodes.services import discovery
+from nodes.services.audit import record
 
 
 def due(launch: Launch) -> bool:

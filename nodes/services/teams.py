@@ -32,7 +32,7 @@ from nodes.domain.gpu_holders import Holder
 from nodes.models import AuditEntry, Cleanup, Launch, LaunchProfile, Node, Team
 from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, enqueue
-from nodes.roles import has_role
+from nodes.services.roles import has_role
 
 log = logging.getLogger(__name__)
 WEBHOOK_TIMEOUT_S = 5

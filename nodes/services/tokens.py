@@ -9,8 +9,8 @@ from django.contrib.auth.models import AbstractBaseUser
 from django.http import HttpRequest
 from django.utils import timezone
 
-from nodes.audit import record
 from nodes.models import ApiToken
+from nodes.services.audit import record
 
 PREFIX = "rw_"
 

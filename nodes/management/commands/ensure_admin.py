@@ -16,8 +16,8 @@ from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
-from nodes.audit import record
 from nodes.models.choices import Role
+from nodes.services.audit import record
 
 
 class Command(BaseCommand):

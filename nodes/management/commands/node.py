@@ -17,9 +17,8 @@ from redis.exceptions import RedisError
 
 from controlpanel.celery import app as celery_app
 from nodes import ssh
-from nodes.audit import record
 from nodes.domain.units import UnitError, format_bytes, split_size
-from nodes.forms import NodeForm
+from nodes.forms.inventory import NodeForm
 from nodes.management.cli import (
     OneLineCommand,
     OneLineParser,
@@ -31,6 +30,7 @@ from nodes.models import Node, SshCredential
 from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.services import discovery
+from nodes.services.audit import record
 from nodes.services.credentials import create_credential, readable, replace_key
 from nodes.services.inventory import save_node
 

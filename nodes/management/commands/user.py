@@ -14,10 +14,10 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import CommandError, CommandParser
 from django.db import transaction
 
-from nodes.audit import record
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.models.choices import ROLE_ORDER, Role
-from nodes.roles import role_of
+from nodes.services.audit import record
+from nodes.services.roles import role_of
 
 
 class Command(OneLineCommand):

@@ -15,16 +15,14 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from nodes import calibration_views
-from nodes.audit import record
 from nodes.domain import remedy, revision_diff
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
+from nodes.forms.profiles import ProfileForm, data_from_command
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.models.choices import Role
-from nodes.profile_forms import ProfileForm, data_from_command
-from nodes.roles import has_role, role_required
+from nodes.services.audit import record
 from nodes.services.profiles import (
     DEFAULT_VERSION,
     EnvRefused,
@@ -35,8 +33,10 @@ from nodes.services.profiles import (
     save_revision,
     submit_revision,
 )
+from nodes.services.roles import has_role
 from nodes.services.teams import visible_profiles
-from nodes.views import HtmxHttpRequest, _redirect
+from nodes.views import calibrations as calibration_views
+from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
 # What the form says when the save is refused, by ``ProfileRefused.kind`` (else its reason).
 SAVE_REFUSALS = {
@@ -127,16 +127,16 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     visibility = request.POST.get("visibility", "")
     if visibility not in LaunchProfile.Visibility.values or (team_id and team is None):
         messages.error(request, "Choose a team (or none) and who may see the profile.")
-        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+        return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     if not has_role(request.user, Role.ADMIN) and any(
         t is not None and not t.members.filter(pk=request.user.pk or 0).exists()
         for t in (profile.team, team)
     ):
         messages.error(request, "Only members of the teams involved (or an admin) may do that.")
-        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+        return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     if visibility == LaunchProfile.Visibility.TEAM and team is None:
         messages.error(request, "Only a profile owned by a team can be visible to its team only.")
-        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+        return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     before = {"team": profile.team.name if profile.team else None, "visibility": profile.visibility}
     profile.team, profile.visibility = team, visibility
     profile.save(update_fields=["team", "visibility"])
@@ -150,7 +150,7 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     )
     messages.success(request, f"{profile.name}: owned by {team or 'no team'}, visible to "
                      f"{profile.get_visibility_display().lower()}.")  # fmt: skip
-    return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+    return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
 def _checked(form: ProfileForm, *, read_node: bool = True) -> dict[str, Any]:
@@ -252,7 +252,7 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
     node = old.node or (latest.node if latest is not None else None)
     if node is None:
         messages.error(request, f"{old} names no node to check it on; edit it instead.")
-        return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+        return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     model = model_of(node, list(old.args))
     report = evaluate(list(old.args), node, model, env=dict(old.env or {}))
     try:
@@ -273,7 +273,7 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
         messages.error(request, f"@{old.number} is blocked on {node.name} now: {why}")
     else:
         messages.success(request, f"Saved {revision}: equal to @{old.number} ({report.verdict}).")
-    return _redirect(request, reverse("nodes:profile-detail", args=[profile.pk]))
+    return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
 def clone_to(revision: ProfileRevision, target: Node) -> dict[str, Any]:
@@ -422,7 +422,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
                 form.add_error(field, text)
             else:
                 messages.success(request, f"Saved {revision}.")
-                return _redirect(
+                return after_post(
                     request, reverse("nodes:profile-detail", args=[revision.profile_id])
                 )
     return render(request, "nodes/profile_form.html", {**context, "form": form})

@@ -1,49 +1,35 @@
-"""Function views: check the role, bind the form, call a service, render a page or partial."""
+"""Inventory pages: nodes (list, page, live facts, discovery, host keys, maintenance, edit) and
+SSH keys. Each view checks the role, binds the form, calls a service, renders a page or partial."""
 
 from __future__ import annotations
 
 import re
 import uuid
 from typing import Any
-from urllib.parse import urlencode
 
 from celery.result import AsyncResult
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.core.paginator import Paginator
 from django.db.models import Count, Prefetch
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
+from django.http import HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from django_htmx.http import HttpResponseClientRedirect
-from django_htmx.middleware import HtmxDetails
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
-from nodes.audit import record
-from nodes.forms import CredentialForm, NodeForm
+from nodes.forms.inventory import CredentialForm, NodeForm
 from nodes.models import AuditEntry, Gpu, Node, SshCredential
 from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, enqueue
-from nodes.roles import role_required
 from nodes.services import teams
+from nodes.services.audit import record
 from nodes.services.credentials import create_credential, delete_credential
 from nodes.services.discovery import offer_host_key, trust_host_key
 from nodes.services.inventory import delete_node, save_node, set_maintenance
 from nodes.ssh import RemoteError
-
-
-class HtmxHttpRequest(HttpRequest):
-    htmx: HtmxDetails
-
-
-def _redirect(request: HtmxHttpRequest, url: str) -> HttpResponseBase:
-    """After a successful POST: a client redirect for htmx, a plain 302 otherwise."""
-    if request.htmx:
-        return HttpResponseClientRedirect(url)
-    return redirect(url)
+from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
 
 def _nodes_with_gpus() -> list[Node]:
@@ -121,7 +107,7 @@ def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     node = get_object_or_404(Node, pk=pk)
     if not node.host_key:
         messages.error(request, f"Trust {node.name}'s host key first: nothing runs on it before.")
-        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+        return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
     task_id = str(uuid.uuid4())
     enqueue("nodes.discover_node", node.pk, task_id=task_id)  # QueueUnavailable: 503
     record("node.discover", actor=request.user, obj=node, request=request)
@@ -146,7 +132,7 @@ def node_fetch_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
             request,
             f"{node.name} presents host key {key.fingerprint}. Trust it only if it is the node's.",
         )
-    return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
 
 
 @require_POST
@@ -167,7 +153,7 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
             messages.success(request, f"Host key of {node.name} trusted.")
         else:
             messages.success(request, f"Host key of {node.name} trusted; discovering it now.")
-    return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
 
 
 @require_POST
@@ -179,7 +165,7 @@ def node_maintenance(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.error(request, "Say on=1 (maintenance) or on=0 (back in service).")
     elif (wanted == "1") != (node.status == "maintenance"):
         set_maintenance(node, wanted == "1", actor=request.user, request=request)
-    return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+    return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
 
 
 @require_GET
@@ -211,7 +197,7 @@ def credential_create(request: HtmxHttpRequest) -> HttpResponseBase:
             messages.success(
                 request, f"Key {credential.name} ({credential.fingerprint}) stored, encrypted."
             )
-            return _redirect(request, reverse("nodes:credential-list"))
+            return after_post(request, reverse("nodes:credential-list"))
     return render(request, "nodes/credential_form.html", {"form": form})
 
 
@@ -227,7 +213,7 @@ def credential_delete(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     else:
         delete_credential(credential, actor=request.user, request=request)
         messages.success(request, f"Key {credential.name} deleted.")
-    return _redirect(request, reverse("nodes:credential-list"))
+    return after_post(request, reverse("nodes:credential-list"))
 
 
 @require_http_methods(["GET", "POST"])
@@ -248,7 +234,7 @@ def _node_form(request: HtmxHttpRequest, node: Node) -> HttpResponseBase:
     if request.method == "POST" and form.is_valid():
         node = save_node(form, actor=request.user, request=request)
         messages.success(request, f"Node {node.name} {'added' if creating else 'saved'}.")
-        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+        return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
     template = "nodes/node_form.html#node-form" if request.htmx else "nodes/node_form.html"
     return render(request, template, {"form": form, "node": node, "creating": creating})
 
@@ -260,36 +246,4 @@ def node_delete(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     name = node.name
     delete_node(node, actor=request.user, request=request)
     messages.success(request, f"Node {name} deleted.")
-    return _redirect(request, reverse("nodes:node-list"))
-
-
-@require_GET
-@login_required
-def audit_list(request: HtmxHttpRequest) -> HttpResponse:
-    entries = teams.visible_audit(request.user, AuditEntry.objects.select_related("actor"))
-    action = request.GET.get("action", "").strip()
-    if not re.fullmatch(r"[a-z_.]{0,64}", action):
-        action = ""
-    actor = request.GET.get("actor", "").strip()
-    if not re.fullmatch(r"[\w.@+-]{0,150}", actor):
-        actor = ""
-    kind = request.GET.get("object_type", "").strip()
-    if not re.fullmatch(r"[a-z_]{0,64}", kind):
-        kind = ""
-    if action:
-        entries = entries.filter(action__startswith=action)
-    if actor:
-        entries = entries.filter(actor_name__icontains=actor)
-    if kind:
-        entries = entries.filter(object_type=kind)
-    page = Paginator(entries, 50).get_page(request.GET.get("page"))
-    filters = {"action": action, "actor": actor, "object_type": kind}
-    context = {
-        "page": page,
-        **filters,
-        "kinds": AuditEntry.objects.order_by("object_type")
-        .values_list("object_type", flat=True)
-        .distinct(),
-        "query": urlencode({k: v for k, v in filters.items() if v}),
-    }
-    return render(request, "nodes/audit_list.html", context)
+    return after_post(request, reverse("nodes:node-list"))

@@ -13,12 +13,11 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
 from nodes import ssh
-from nodes.cleanup_forms import CleanupForm
+from nodes.forms.cleanups import CleanupForm
 from nodes.models import Launch, Node
 from nodes.models.choices import Role
-from nodes.roles import role_required
 from nodes.services import cleanup, teams
-from nodes.views import HtmxHttpRequest, _redirect
+from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
 
 @require_GET
@@ -63,7 +62,7 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         inspection = cleanup.inspect(node, launch=launch)
     except ssh.RemoteError as exc:
         messages.error(request, f"{node.name} did not answer: {exc.message}")
-        return _redirect(request, reverse("nodes:node-detail", args=[node.pk]))
+        return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
     teams.mask_holders(request.user, inspection.holders)
     others = [
         h
@@ -94,7 +93,7 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
             form.add_error(None, str(exc))
         else:
             cleanup.queue(job)  # QueueUnavailable: 503 (the middleware), the cleanup ended as error
-            return _redirect(request, reverse("nodes:cleanup-detail", args=[job.pk]))
+            return after_post(request, reverse("nodes:cleanup-detail", args=[job.pk]))
     context = {"node": node, "launch": launch, "inspection": inspection, "form": form}
     return render(request, "nodes/cleanup_form.html", context)
 

@@ -5,14 +5,7 @@ Views call these; templates never decide permissions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
-from typing import Any
-
-from django.contrib.auth.decorators import login_required
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponseBase
 
 from nodes.models.choices import ROLE_ORDER, Role
 
@@ -38,24 +31,6 @@ def has_role(user: AbstractBaseUser | AnonymousUser, role: Role) -> bool:
     """True when the user holds ``role`` or a higher one."""
     held = role_of(user)
     return held is not None and ROLE_ORDER.index(held) >= ROLE_ORDER.index(role)
-
-
-View = Callable[..., HttpResponseBase]
-
-
-def role_required(role: Role) -> Callable[[View], View]:
-    """Decorate a view: anonymous users go to the login page, users below ``role`` get 403."""
-
-    def decorator(view: View) -> View:
-        @wraps(view)
-        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-            if not has_role(request.user, role):
-                raise PermissionDenied(f"This needs the {role.label.lower()} role.")
-            return view(request, *args, **kwargs)
-
-        return login_required(wrapped)
-
-    return decorator
 
 
 def ensure_roles() -> None:

@@ -40,15 +40,15 @@ from redis.exceptions import RedisError
 from nodes.domain import remedy, timeline
 from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
-from nodes.launch_forms import BundleUploadForm, LaunchForm
+from nodes.forms.launches import BundleUploadForm, LaunchForm
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, enqueue
-from nodes.roles import has_role, role_required
 from nodes.services import bundle_uploads, bundles, diagnoses, launches
 from nodes.services.follower import channel
+from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
-from nodes.views import HtmxHttpRequest, _redirect
+from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
 LINES_SHOWN = 2000
 BATCH = 1000
@@ -119,7 +119,7 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
             except launches.LaunchInputError as exc:
                 form.add_error(None, str(exc))
             else:
-                return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
+                return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
     else:
         initial: dict[str, Any] = {}
         for key in ("revision", "adhoc_revision", "node", "gpus", "port", "command"):
@@ -261,7 +261,7 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     else:
         enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
         messages.success(request, f"Stopping launch #{launch.pk}…")
-    return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
+    return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
 
 
 @require_GET
@@ -328,7 +328,7 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         revision, created = diagnoses.apply_fix(launch, actor=request.user, request=request)
     except diagnoses.FixError as exc:
         messages.error(request, str(exc))
-        return _redirect(request, reverse("nodes:launch-detail", args=[launch.pk]))
+        return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
     if created:
         messages.success(
             request,
@@ -345,7 +345,7 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
             "port": launch.port,
         }
     )
-    return _redirect(request, f"{reverse('nodes:launch-create')}?{query}")
+    return after_post(request, f"{reverse('nodes:launch-create')}?{query}")
 
 
 @require_http_methods(["GET", "POST"])

@@ -12,17 +12,16 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from nodes.audit import record
 from nodes.domain.calibration import CalibrationError
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import Calibration, LaunchProfile
 from nodes.models.choices import Role
-from nodes.roles import role_required
 from nodes.services import calibrations
+from nodes.services.audit import record
 from nodes.services.profiles import DEFAULT_VERSION
 from nodes.services.teams import visible_profiles
-from nodes.views import HtmxHttpRequest, _redirect
+from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
 LOG_MAX_CHARS = 4_000_000
 
@@ -65,10 +64,10 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     text = request.POST.get("log", "")
     if latest is None or latest.node is None:
         messages.error(request, "Save a revision checked on a node first: the log calibrates it.")
-        return _redirect(request, back)
+        return after_post(request, back)
     if not text.strip() or len(text) > LOG_MAX_CHARS or "\x00" in text:
         messages.error(request, "Paste the server's start-up log (text, at most 4 MB).")
-        return _redirect(request, back)
+        return after_post(request, back)
     flags = parse_command(list(latest.args), table(latest.sglang_version or DEFAULT_VERSION))
     try:
         found = calibrations.record_log(
@@ -80,7 +79,7 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         )
     except CalibrationError as exc:
         messages.error(request, f"That log cannot calibrate: {exc}.")
-        return _redirect(request, back)
+        return after_post(request, back)
     record(
         "profile.calibrate",
         actor=request.user,
@@ -94,4 +93,4 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         request=request,
     )
     messages.success(request, f"{profile.name}: {calibrations.label(found)}.")
-    return _redirect(request, back)
+    return after_post(request, back)

@@ -1,0 +1,1 @@
+"""Forms by feature (inventory, profiles, launches, cleanups) and the fields they share."""

@@ -1,0 +1,1 @@
+"""Views by feature: inventory, profiles, calibrations, launches, cleanups, accounts."""
