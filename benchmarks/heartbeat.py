@@ -45,7 +45,7 @@ def register(nodes: list[dict[str, object]]) -> None:
     from nodes.models import Node
     from nodes.models.choices import Role
     from nodes.services.credentials import create_credential
-    from nodes.services.discovery import offer_host_key, trust_host_key
+    from nodes.services.hostkeys import offer_host_key, trust_host_key
 
     call_command("migrate", verbosity=0)
     actor = resolve_actor(None, Role.ADMIN)
@@ -62,7 +62,7 @@ def register(nodes: list[dict[str, object]]) -> None:
 
 
 def rankwise_sweeps(rounds: int) -> list[tuple[float, float]]:
-    from nodes.services.discovery import heartbeat_sweep
+    from nodes.workflows.discovery import heartbeat_sweep
 
     figures = []
     for _ in range(rounds):

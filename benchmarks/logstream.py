@@ -35,6 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from nodes.workflows import ending, launching
+
 if TYPE_CHECKING:
     from tests.panel import Panel
 
@@ -93,7 +95,7 @@ def register(sims: list[dict[str, object]]) -> None:
 
     from benchmarks.heartbeat import register as register_fleet
     from nodes.models import Node
-    from nodes.services.discovery import discover
+    from nodes.workflows.discovery import discover
 
     register_fleet(sims)
     call_command("ensure_admin", verbosity=0, stdout=io.StringIO())
@@ -166,8 +168,7 @@ def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: in
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
     from nodes.models.choices import Role
-    from nodes.services import launches
-    from nodes.services.launches import adhoc_revision
+    from nodes.workflows.launching import adhoc_revision
     from tests.sse import follow
 
     actor = resolve_actor(None, Role.OPERATOR)
@@ -176,7 +177,7 @@ def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: in
         f"SGLANG_STANDIN_CHATTER={rate} SGLANG_STANDIN_CHATTER_SECONDS={seconds} "
         f"SGLANG_STANDIN_CHATTER_AFTER=6 python3 -m sglang.launch_server {MODEL}"
     )
-    launch = launches.submit(node=node, revision=adhoc_revision(command, node, actor), actor=actor)
+    launch = launching.submit(node=node, revision=adhoc_revision(command, node, actor), actor=actor)
     wait(lambda: Launch.objects.get(pk=launch.pk).status == "ready", 120, "ready")
     launch.refresh_from_db()
     stop = threading.Event()
@@ -203,7 +204,7 @@ def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: in
         "the end of the chatter",
     )
     total = number(r"done: (\d+) lines", done.text)
-    launches.stop(launch.pk, actor=actor)
+    ending.stop(launch.pk, actor=actor)
     reader.join(120)
     stop.set()
     tail.join(10)
@@ -226,7 +227,6 @@ def part_two(
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
     from nodes.models.choices import Role
-    from nodes.services import launches
 
     actor = resolve_actor(None, Role.OPERATOR)
     nodes = list(Node.objects.order_by("name"))
@@ -243,7 +243,7 @@ def part_two(
             f"SGLANG_STANDIN_CHATTER_AFTER=10 python3 -m sglang.launch_server {MODEL} "
             f"--port {30000 + i // len(nodes)}"
         )
-        made.append(launches.submit(node=node, command=command, actor=actor))
+        made.append(launching.submit(node=node, command=command, actor=actor))
     wait(
         lambda: Launch.objects.filter(status="ready").count() == launches_count,
         240,
@@ -268,7 +268,7 @@ def part_two(
         counts = {number(WRITTEN, t) for t in texts.values_list("text", flat=True)}
         lost += total - len(counts)
     for launch in made:
-        launches.stop(launch.pk, actor=actor)
+        ending.stop(launch.pk, actor=actor)
     return [
         f"part 2: {launches_count} launches × {rate} lines/s for {seconds} s on one streams worker",
         f"  lines lost over all launches: {lost}",

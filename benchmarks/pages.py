@@ -305,8 +305,8 @@ def setup_node(state: str) -> tuple[Any, dict[str, Any]]:
 
     from benchmarks.heartbeat import register
     from nodes.models import Node
-    from nodes.roles import ensure_roles
-    from nodes.services.discovery import discover
+    from nodes.services.roles import ensure_roles
+    from nodes.workflows.discovery import discover
 
     spec_file = Path(state).parent / "spec.json"
     spec_file.write_text(json.dumps(SPEC))

@@ -73,7 +73,7 @@ def child(mode: str) -> dict[str, Any]:
 
     django.setup()
     from nodes.domain.bundle import BundleError
-    from nodes.services import bundles, diagnoses
+    from nodes.services import bundles
 
     upload = bomb(largest=mode == "largest")
     size = len(upload.getvalue())
@@ -91,7 +91,7 @@ def child(mode: str) -> dict[str, Any]:
             )
         else:
             text, facts = bundles.read_bundle_file(upload)
-        diagnoses.diagnose_bundle(text, facts)
+        bundles.diagnose_bundle(text, facts)
     except BundleError as exc:
         outcome = f"refused: {exc}"
     wall = time.perf_counter() - start

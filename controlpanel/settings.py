@@ -201,6 +201,9 @@ RANKWISE_NOTIFY_EMAIL_FROM = env_str("RANKWISE_NOTIFY_EMAIL_FROM", "")
 RANKWISE_KNOWN_GOOD_SECONDS = env_int("RANKWISE_KNOWN_GOOD_SECONDS", 600)
 # How often host RAM and GPU memory are sampled while a launch starts (its memory timeline).
 RANKWISE_MEMORY_SAMPLE_SECONDS = env_int("RANKWISE_MEMORY_SAMPLE_SECONDS", 2)
+# How long saving a profile waits for a worker to read its model on the node (pages that only
+# show the budget never wait: they poll).
+RANKWISE_MODEL_READ_WAIT_SECONDS = env_int("RANKWISE_MODEL_READ_WAIT_SECONDS", 30)
 CELERY_TASK_ROUTES = {"nodes.follow_launch": {"queue": "streams"}}
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "heartbeat": {"task": "nodes.heartbeat", "schedule": float(RANKWISE_HEARTBEAT_SECONDS)},

@@ -24,6 +24,8 @@ from typing import Any
 
 import paramiko
 
+#: An open connection to a node (what ``connect`` and ``Pool.session`` give).
+Connection = paramiko.SSHClient
 CONNECT_TIMEOUT_S = 5.0
 COMMAND_TIMEOUT_S = 60.0
 KEY_CLASSES: tuple[type[paramiko.PKey], ...] = (
@@ -62,6 +64,13 @@ class RemoteError(Exception):
         self.stderr_tail = stderr_tail
         # For ``host_key_mismatch``: the fingerprint of the key the node presented.
         self.presented = presented
+
+    @property
+    def retryable(self) -> bool:
+        """Whether asking again, unchanged, can help: the node was away, slow or not listening
+        yet; not for a refused key, a changed host key, or a command that failed or answered
+        what the panel cannot read."""
+        return not self.permanent and self.kind in ("unreachable", "timeout", "refused")
 
 
 @dataclass(frozen=True)
@@ -292,9 +301,17 @@ def connect(target: Target, timeout: float = CONNECT_TIMEOUT_S) -> paramiko.SSHC
     client.set_missing_host_key_policy(_Pin())
     if target.host_key is not None:
         name = target.host if target.port == 22 else f"[{target.host}]:{target.port}"
-        key = paramiko.PKey.from_type_string(
-            target.host_key.key_type, base64.b64decode(target.host_key.base64)
-        )
+        try:
+            key = paramiko.PKey.from_type_string(
+                target.host_key.key_type, base64.b64decode(target.host_key.base64)
+            )
+        except (ValueError, paramiko.SSHException) as exc:  # a malformed trusted key
+            raise RemoteError(
+                "host_key_unknown",
+                f"{target.host}: the trusted host key cannot be read ({type(exc).__name__}); "
+                "fetch and trust the node's key again",
+                permanent=True,
+            ) from None
         client.get_host_keys().add(name, target.host_key.key_type, key)
     pkey = _load_key(target.private_key, target.passphrase) if target.private_key else None
     sock = _open_socket(target.host, target.port, timeout)

@@ -15,8 +15,19 @@ from celery.signals import worker_ready
 from django.conf import settings
 
 from nodes import ssh
-from nodes.queue import QueueUnavailable, enqueue
-from nodes.services import bundle_uploads, cleanup, discovery, follower, launches, teams
+from nodes.models import Launch, Node
+from nodes.queue import QueueUnavailable, send
+from nodes.services import holders, model_facts, notifications
+from nodes.workflows import (
+    cleanup,
+    diagnosing,
+    discovery,
+    ending,
+    following,
+    launching,
+    reconciling,
+    stamping,
+)
 
 
 @shared_task(name="nodes.discover_node", soft_time_limit=150, time_limit=180)
@@ -31,7 +42,41 @@ def discover_node(node_id: int) -> dict[str, Any]:
 @shared_task(name="nodes.diagnose_upload", soft_time_limit=120, time_limit=150)
 def diagnose_upload(upload_id: str) -> str:
     """Read and diagnose a bundle uploaded to /diagnose/ (bounded read, off the web process)."""
-    return bundle_uploads.diagnose_upload(upload_id)
+    return diagnosing.diagnose_upload(upload_id)
+
+
+@shared_task(name="nodes.read_model", soft_time_limit=90, time_limit=120)
+def read_model(node_id: int, model_path: str) -> bool:
+    """Read a model folder on a node for the budget (config.json, safetensors headers) and
+    store what it found; True when the geometry is usable."""
+    node = Node.objects.filter(pk=node_id).first()
+    return node is not None and model_facts.read_now(node, model_path).answer is not None
+
+
+@shared_task(name="nodes.read_holders", soft_time_limit=90, time_limit=120)
+def read_holders(node_id: int, launch_id: int | None = None) -> dict[str, Any]:
+    """Read who holds a node's GPUs (for the holders panel and the cleanup form, which poll
+    for this result): ``{"node", "inspection"}``, or ``{"node", "error"}``."""
+    node = Node.objects.select_related("credential").get(pk=node_id)
+    launch = Launch.objects.filter(pk=launch_id, node=node).first() if launch_id else None
+    try:
+        return holders.reading_json(node, holders.inspect(node, launch=launch))
+    except ssh.RemoteError as exc:
+        return {"node": node_id, "error": exc.message}
+
+
+@shared_task(name="nodes.diagnose_launch", soft_time_limit=120, time_limit=150)
+def diagnose_launch(launch_id: int) -> str | None:
+    """Diagnose a failed launch from what the panel holds; its category (None: not failed)."""
+    found = diagnosing.diagnose_launch(launch_id)
+    return found.category if found is not None else None
+
+
+@shared_task(name="nodes.stamp_launch", soft_time_limit=60, time_limit=90)
+def stamp_launch(launch_id: int) -> bool:
+    """Stamp a launch's revision known-good once it is due; True when it was stamped now."""
+    launch = Launch.objects.select_related("node", "revision__profile").filter(pk=launch_id).first()
+    return launch is not None and stamping.stamp_if_due(launch) is not None
 
 
 @shared_task(name="nodes.heartbeat", soft_time_limit=60, time_limit=90, expires=60)
@@ -43,7 +88,7 @@ def heartbeat() -> int:
 @shared_task(name="nodes.start_launch", soft_time_limit=600, time_limit=660)
 def start_launch(launch_id: int) -> None:
     """Pre-flight a launch on its node and start the server if nothing blocks it."""
-    launches.start(launch_id)
+    launching.start(launch_id)
 
 
 # A server runs for days: the global time limit must not cut its follower. The message is acked
@@ -59,7 +104,7 @@ FOLLOW_LIMIT_S = 365 * 24 * 3600
 )
 def follow_launch(launch_id: int) -> None:
     """Follow a launch until it ended and every log line is stored (hours or days)."""
-    follower.follow(launch_id)
+    following.follow(launch_id)
 
 
 # Celery's own retry limit is off (``max_retries=None``): the chain is bounded by the
@@ -78,12 +123,12 @@ def stop_launch(
 
     user = get_user_model().objects.filter(pk=actor_id).first() if actor_id else None
     token = self.request.id or ""
-    outcome = launches.stop(launch_id, actor=user or AnonymousUser(), token=token, retries=True)
+    outcome = ending.stop(launch_id, actor=user or AnonymousUser(), token=token, retries=True)
     if outcome.pending and outcome.retry_in is not None:
         try:
             retry = self.retry(countdown=outcome.retry_in, throw=False)
         except Exception as exc:  # the broker did not take the next attempt
-            launches.stop_retry_lost(launch_id, token, f"{type(exc).__name__}: {exc}")
+            ending.stop_retry_lost(launch_id, token, f"{type(exc).__name__}: {exc}")
         else:
             raise retry
     return {
@@ -110,7 +155,7 @@ def cleanup_gpus(cleanup_id: int) -> str:
 )
 def deliver_notification(team_id: int, payload: dict[str, Any]) -> None:
     """Tell a team (webhook, e-mail) what happened; retried on network errors."""
-    teams.deliver(team_id, payload)
+    notifications.deliver(team_id, payload)
 
 
 @shared_task(name="nodes.reconcile_launches", soft_time_limit=60, time_limit=90, expires=60)
@@ -118,7 +163,7 @@ def reconcile_launches() -> int:
     """Re-adopt launches whose worker died; returns how many were handed to a new one. Also
     ends cleanups whose worker died mid-way."""
     cleanup.expire_stale()
-    return launches.reconcile()
+    return reconciling.reconcile()
 
 
 @worker_ready.connect
@@ -132,4 +177,4 @@ def _reconcile_after_start(sender: Any = None, **_: Any) -> None:
 
 def _queue_reconcile() -> None:
     with contextlib.suppress(QueueUnavailable):  # the beat schedule sends the next one
-        enqueue("nodes.reconcile_launches")
+        send("nodes.reconcile_launches")

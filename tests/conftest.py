@@ -61,10 +61,11 @@ FLEET_SPEC = {
 TEST_REDIS_URL = os.environ.get("RANKWISE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="session", autouse=True)
 def celery_app_for_tests():
-    """The product's Celery app on a Redis database of the tests' own (a running panel's
-    worker on the usual database must not take the tests' tasks)."""
+    """The product's Celery app on a Redis database of the tests' own, for every test (a
+    running panel's worker on the usual database must not take the tests' tasks, nor the tests
+    queue work for it)."""
     from controlpanel.celery import app
 
     redis.Redis.from_url(TEST_REDIS_URL).flushdb()
@@ -92,7 +93,7 @@ def register_sim_node(node, *, name: str | None = None, trust: bool = True):
     fetched and trusted (through the product's own services)."""
     from nodes.models import Node, SshCredential
     from nodes.services.credentials import create_credential
-    from nodes.services.discovery import offer_host_key, trust_host_key
+    from nodes.services.hostkeys import offer_host_key, trust_host_key
     from tests.factories import make_user
 
     admin = make_user(f"admin-{node.name}", "admin")
@@ -184,7 +185,14 @@ def manage_py(
 ) -> subprocess.CompletedProcess[str]:
     """``manage.py ARGS`` in a subprocess on the test database, as an operator runs it; acts as
     the built-in ``cli`` account unless ``RANKWISE_ACTOR`` is in ``env``."""
-    environ = {**os.environ, "DATABASE_URL": database_url(settings), **(env or {})}
+    # The tests' broker too: what the command queues (a diagnosis after a cleanup) reaches
+    # the tests' workers, as the panel's CLI reaches the panel's.
+    environ = {
+        **os.environ,
+        "DATABASE_URL": database_url(settings),
+        "REDIS_URL": TEST_REDIS_URL,
+        **(env or {}),
+    }
     if "RANKWISE_ACTOR" not in (env or {}):
         environ.pop("RANKWISE_ACTOR", None)
     return subprocess.run(

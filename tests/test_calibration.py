@@ -15,7 +15,8 @@ from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import Calibration, Gpu, Launch
 from nodes.models.choices import LaunchStatus
-from nodes.services import calibrations, discovery, launches, profiles
+from nodes.services import calibrations, model_facts, profiles
+from nodes.workflows import discovery, ending, launching
 from tests.conftest import register_sim_node
 from tests.factories import make_node, make_user
 from tests.fleet import wait_until
@@ -106,7 +107,7 @@ def test_a_pasted_log_calibrates_the_profile_estimate():
     )
     config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
     args = [*S01_ARGS, "0.93"]
-    model = profiles.model_facts(node, "", config)
+    model = model_facts.model_facts(node, "", config)
     before = profiles.evaluate(args, node, model)
     assert before.calibration["source"] == "estimate"  # no checkpoint size: weights unknown
     flags = parse_command(args, table("0.5.9"))
@@ -147,7 +148,7 @@ def test_a_first_launch_calibrates_the_next_estimate(
     path = f"/srv/models/{model}"
     command = f"python3 -m sglang.launch_server --model-path {path} --tp-size {tp}"
     olga = make_user("olga", "operator")
-    launch = launches.submit(node=node, command=command, actor=olga)
+    launch = launching.submit(node=node, command=command, actor=olga)
     wait_until(
         lambda: (
             Launch.objects.get(pk=launch.pk).status
@@ -165,12 +166,12 @@ def test_a_first_launch_calibrates_the_next_estimate(
     # Before calibration the estimate came from the safetensors headers, not from a guess.
     assert launch.estimate["calibration"]["weights"] == "estimate"
     assert launch.estimate["device_kv_tokens_per_rank"] == pytest.approx(served, rel=0.05)
-    launches.stop(launch.pk, actor=olga)
+    ending.stop(launch.pk, actor=olga)
     wait_until(lambda: Launch.objects.get(pk=launch.pk).status == LaunchStatus.STOPPED, 60, 0.3)
     discovery.discover(node.pk)
     node.refresh_from_db()
     args = command.split()[3:]
-    report = profiles.evaluate(args, node, profiles.model_facts(node, path))
+    report = profiles.evaluate(args, node, model_facts.model_facts(node, path))
     assert report.calibration["source"] == "calibrated"
     assert report.calibration["label"].startswith(
         f"calibrated from launch #{launch.pk} on {node.name}: "
@@ -186,7 +187,7 @@ def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(oper
     )
     config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
     args = [*S01_ARGS, "0.93"]
-    model = profiles.model_facts(node, "", config)
+    model = model_facts.model_facts(node, "", config)
     operator = make_user("owen", None)
     revision = profiles.save_revision(
         profile_name="kimi",

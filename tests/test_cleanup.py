@@ -6,6 +6,7 @@ The CLI runs as an operator does (its own process)."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from datetime import timedelta
 from typing import Any, cast
@@ -16,9 +17,11 @@ from django.utils import timezone
 from nodes import ssh
 from nodes.models import AuditEntry, Cleanup, GpuQuarantine, Launch, Reservation
 from nodes.models.choices import LaunchStatus
-from nodes.services import cleanup, discovery, launches
+from nodes.services import holders
+from nodes.workflows import cleanup, discovery, ending, launching
 from tests.conftest import manage_py
 from tests.fleet import simfleet, wait_until
+from tests.htmx import follow
 from tests.test_launches import node_fixture, sglang_processes, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -47,7 +50,7 @@ def cli(settings, *args: str) -> tuple[int, dict]:
 def test_leaked_memory_is_reset_then_quarantined_refused_and_freed_by_a_reboot(
     leaky, olga, launch_workers, settings
 ):
-    launch = launches.submit(
+    launch = launching.submit(
         node=leaky, command=HOSTILE, actor=olga, overrides={"budget": "the incident, on purpose"}
     )
     assert wait_for(launch, LaunchStatus.FAILED, LaunchStatus.READY, timeout=90) == "failed"
@@ -68,7 +71,11 @@ def test_leaked_memory_is_reset_then_quarantined_refused_and_freed_by_a_reboot(
     assert steps["h"]["before"]["gpus"]["0"]["orphaned_bytes"] > 10 * 2**30
     assert "150 GB less than before the launch" in steps["f"]["output"]
     assert "reboot" in doc["message"]
-    # The cleanup's reading is the bundle's latest snapshot: the question is now the leak.
+    # The cleanup's reading is the bundle's latest snapshot: the question is now the leak (a
+    # worker diagnoses the launch again, queued by the cleanup).
+    wait_until(
+        lambda: Launch.objects.get(pk=launch.pk).diagnosis_category != "host-oom-hicache", 30
+    )
     diagnosis = Launch.objects.get(pk=launch.pk).diagnosis
     assert diagnosis["category"] == "leaked-gpu-memory", diagnosis
     assert "host-oom-hicache" in diagnosis["secondary_categories"]
@@ -92,7 +99,7 @@ def test_leaked_memory_is_reset_then_quarantined_refused_and_freed_by_a_reboot(
     assert "driver reload or a reboot" in gpu0["quarantine_reason"]
     assert state["host"]["mem_total_bytes"] > 0
 
-    refused = launches.submit(node=leaky, command=QWEN, actor=olga)
+    refused = launching.submit(node=leaky, command=QWEN, actor=olga)
     assert wait_for(refused, LaunchStatus.BLOCKED, LaunchStatus.FAILED) == "blocked"
     check = next(c for c in refused.checks if c["name"] == "quarantine")
     assert not check["passed"] and "GPU 0 is quarantined" in check["detail"]
@@ -177,7 +184,7 @@ def test_a_defunct_rank_is_reaped_when_its_parent_ignores_sigterm(spare, olga, s
     pgid = int(spare.sim.ok(f"cat {folder}/pgid").strip())
     Launch.objects.filter(pk=launch.pk).update(pgid=pgid, remote_dir=folder)
     assert wait_until(lambda: "Z" in spare.sim.ok(f"ps -o stat= --ppid {pgid}; true"), 10)
-    found = cleanup.inspect(spare)
+    found = holders.inspect(spare)
     assert {h.state for h in found.holders if h.launch_id == launch.pk} == {"S", "Z"}
 
     job = cleanup.request(spare, actor=olga, launch=Launch.objects.get(pk=launch.pk))
@@ -190,7 +197,7 @@ def test_a_defunct_rank_is_reaped_when_its_parent_ignores_sigterm(spare, olga, s
 
 
 def test_a_process_in_d_state_is_reported_not_waited_on(stuck, olga, launch_workers):
-    launch = launches.submit(
+    launch = launching.submit(
         node=stuck,
         command=f"{QWEN} --mem-fraction-static 0.5 --enable-hierarchical-cache --hicache-size 40",
         actor=olga,
@@ -254,7 +261,7 @@ def test_a_launch_group_id_reused_by_another_process_is_left_alone(spare, olga):
 def test_a_node_lost_mid_cleanup_ends_it_in_error_without_acting_on_old_readings(
     spare, olga, monkeypatch
 ):
-    real, calls = cleanup.inspect, []
+    real, calls = holders.inspect, []
 
     def flaky(*args: Any, **kwargs: Any) -> Any:
         calls.append(1)
@@ -288,7 +295,7 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     op1, op2 = make_user("op1", "operator"), make_user("op2", "operator")
     alpha.members.add(op1.pk)
     beta.members.add(op2.pk)
-    launch = launches.submit(node=spare, command=QWEN, actor=op1)
+    launch = launching.submit(node=spare, command=QWEN, actor=op1)
     LaunchProfile.objects.filter(pk=launch.revision.profile_id).update(
         team=alpha, visibility=LaunchProfile.Visibility.TEAM
     )
@@ -322,9 +329,11 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     page = Client()
     page.force_login(cast(Any, op2))
     url = reverse("nodes:node-cleanup", args=[spare.pk])
-    assert f'value="{pid}"' not in page.get(url).content.decode()
+    form = follow(page, url, 'name="confirm"')  # the reading a worker made for the form
+    assert f'value="{pid}"' not in form
+    reading = re.search(r'name="reading" value="([^"]+)"', form).group(1)
     forged = {"gpus": [0], "foreign": [pid], "confirm_foreign": "on", "confirm": "on"}
-    assert page.post(url, forged).status_code == 200
+    assert page.post(url, {**forged, "reading": reading}).status_code == 200
     assert not Cleanup.objects.exists()
 
     # Recorded by another way (or the launch started after the request): the worker refuses.
@@ -336,4 +345,4 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     assert "not touched" in Cleanup.objects.get(foreign_pids=[pid]).steps.get(key="e").output
     assert str(pid) in spare.sim.ok("ps -eo pid=").split()
     assert Launch.objects.get(pk=launch.pk).status == LaunchStatus.READY
-    launches.stop(launch.pk, actor=op1)
+    ending.stop(launch.pk, actor=op1)

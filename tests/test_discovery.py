@@ -13,7 +13,7 @@ import pytest
 
 from nodes import ssh
 from nodes.models import Node, NodeEvent
-from nodes.services import discovery
+from nodes.workflows import discovery
 from tests.conftest import TEST_REDIS_URL, register_sim_node
 from tests.fleet import simfleet
 
@@ -239,7 +239,8 @@ def test_cli_trust_host_key_needs_the_checked_fingerprint(sim_fleet):
 
 
 def test_profile_geometry_is_read_from_the_node(sim_fleet):
-    from nodes.services.profiles import evaluate, model_facts
+    from nodes.services.model_facts import model_facts
+    from nodes.services.profiles import evaluate
 
     sim = sim_fleet["incident"]
     node = register_sim_node(sim)

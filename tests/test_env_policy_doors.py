@@ -11,7 +11,8 @@ from django.contrib.auth.models import User
 from django.urls import reverse
 
 from nodes.models import AuditEntry, Launch, LaunchProfile, Node, ProfileRevision
-from nodes.services import exchange, launches, profiles, tokens
+from nodes.services import exchange, model_facts, profiles, tokens
+from nodes.workflows import launching
 from tests.factories import make_node, make_user, node_form_data
 
 pytestmark = pytest.mark.django_db
@@ -89,8 +90,8 @@ def test_the_hooks_of_the_re_run_are_refused_by_the_api_and_a_pasted_launch(clie
     assert response.status_code == 400, response.content
     assert all(f"{name} is refused" in response.json()["detail"] for name in RERUN_HOOKS)
     pasted = "PYTHONOPTIMIZE=2 python3 -m sglang.launch_server --model-path /m"
-    with pytest.raises(launches.LaunchInputError, match="PYTHONOPTIMIZE is refused"):
-        launches.submit(node=node, actor=make_user("olga", "operator"), command=pasted)
+    with pytest.raises(launching.LaunchInputError, match="PYTHONOPTIMIZE is refused"):
+        launching.submit(node=node, actor=make_user("olga", "operator"), command=pasted)
     assert not ProfileRevision.objects.exists() and not Launch.objects.exists()
 
 
@@ -104,7 +105,7 @@ def test_the_import_refuses_the_hooks_and_saves_nothing(node):
 
 def test_save_revision_itself_refuses_them_for_any_caller(node):
     """The door a script or the ``profile save`` command goes through."""
-    model = profiles.ModelFacts(None, None, "test")
+    model = model_facts.ModelFacts(None, None, "test")
     report = profiles.evaluate(ARGS, node, model)
     with pytest.raises(profiles.EnvRefused, match="LD_PRELOAD is refused"):
         profiles.save_revision(
@@ -119,8 +120,8 @@ def test_a_revision_stored_before_the_policy_is_refused_at_launch(node):
     revision = ProfileRevision.objects.create(
         profile=profile, number=1, args=ARGS, env=ATTACK, node=node, verdict="ok", report={}
     )
-    with pytest.raises(launches.LaunchInputError) as refused:
-        launches.submit(node=node, revision=revision, actor=make_user("olga", "operator"))
+    with pytest.raises(launching.LaunchInputError) as refused:
+        launching.submit(node=node, revision=revision, actor=make_user("olga", "operator"))
     assert "BROWSER is refused" in str(refused.value)
     assert "PYTHONWARNINGS is refused" in str(refused.value)
     assert not Launch.objects.exists()
@@ -128,8 +129,8 @@ def test_a_revision_stored_before_the_policy_is_refused_at_launch(node):
 
 def test_a_pasted_launch_command_with_a_hook_is_refused_and_keeps_nothing(node):
     command = "LD_PRELOAD=/tmp/x.so python3 -m sglang.launch_server --model-path /m"
-    with pytest.raises(launches.LaunchInputError, match="LD_PRELOAD is refused"):
-        launches.submit(node=node, command=command, actor=make_user("olga", "operator"))
+    with pytest.raises(launching.LaunchInputError, match="LD_PRELOAD is refused"):
+        launching.submit(node=node, command=command, actor=make_user("olga", "operator"))
     assert not Launch.objects.exists() and not LaunchProfile.objects.exists()
 
 
@@ -178,8 +179,8 @@ def test_the_import_refuses_a_non_ascii_name(node):
 
 
 def test_a_pasted_launch_command_refuses_a_non_ascii_name(node):
-    with pytest.raises(launches.LaunchInputError, match="is not an environment variable name"):
-        launches.submit(
+    with pytest.raises(launching.LaunchInputError, match="is not an environment variable name"):
+        launching.submit(
             node=node, command="ÄÖ=1 python3 -m sglang.launch_server --model-path /m",
             actor=make_user("olga", "operator"),
         )  # fmt: skip

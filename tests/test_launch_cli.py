@@ -8,8 +8,9 @@ import subprocess
 import pytest
 
 from nodes.models import AuditEntry, Launch, LaunchProfile
-from nodes.services import discovery
-from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.services.model_facts import model_facts
+from nodes.services.profiles import evaluate, save_revision
+from nodes.workflows import discovery
 from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until

@@ -11,7 +11,8 @@ from django.test import Client
 from nodes import ssh
 from nodes.models import AuditEntry, Launch, Node, NodeEvent, Reservation
 from nodes.models.choices import LaunchStatus, NodeStatus
-from nodes.services import discovery, launches, tokens
+from nodes.services import tokens
+from nodes.workflows import discovery, ending, launching
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until
 from tests.test_launches import SMALL, node_fixture, sglang_processes, status_of, wait_for
@@ -41,7 +42,7 @@ def api_stop(launch: Launch, user) -> int:
 
 
 def ready_launch(node, olga) -> Launch:
-    launch = launches.submit(node=node, command=SMALL, actor=olga)
+    launch = launching.submit(node=node, command=SMALL, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY, (
         launch.reason
     )
@@ -51,7 +52,7 @@ def ready_launch(node, olga) -> Launch:
 def test_a_changed_host_key_stops_new_work_and_leaves_the_running_launch(
     spare, olga, launch_workers
 ):
-    from nodes.services.discovery import offer_host_key, trust_host_key
+    from nodes.services.hostkeys import offer_host_key, trust_host_key
 
     launch = ready_launch(spare, olga)
     sim = spare.sim
@@ -69,8 +70,8 @@ def test_a_changed_host_key_stops_new_work_and_leaves_the_running_launch(
     assert entry.after["presented"] == sim.host_key_fingerprint
 
     # Nothing new starts there: no launch, no discovery.
-    with pytest.raises(launches.LaunchInputError, match="host key changed"):
-        launches.submit(node=node, command=SMALL, actor=olga)
+    with pytest.raises(launching.LaunchInputError, match="host key changed"):
+        launching.submit(node=node, command=SMALL, actor=olga)
     with pytest.raises(ssh.RemoteError) as refused:
         discovery.discover(node.pk)
     assert refused.value.kind == "host_key_mismatch"
@@ -88,7 +89,7 @@ def test_a_changed_host_key_stops_new_work_and_leaves_the_running_launch(
     trust_host_key(node, key.fingerprint, actor=admin)
     assert Node.objects.get(pk=node.pk).status == NodeStatus.UNKNOWN
     assert wait_until(lambda: "following resumed" in reason_of(launch), 30), launch.reason
-    assert launches.stop(launch.pk, actor=olga).clean
+    assert ending.stop(launch.pk, actor=olga).clean
 
 
 def test_a_stop_while_the_link_is_down_is_retried_until_it_is_done(spare, olga, launch_workers):
@@ -137,7 +138,7 @@ def test_a_stop_whose_worker_died_is_finished_by_the_reconciler(spare, olga, lau
 
 
 def test_a_stop_refused_for_a_changed_host_key_says_so_on_the_launch(spare, olga, launch_workers):
-    from nodes.services.discovery import offer_host_key, trust_host_key
+    from nodes.services.hostkeys import offer_host_key, trust_host_key
 
     launch = ready_launch(spare, olga)
     sim = spare.sim
@@ -172,4 +173,4 @@ def test_a_stop_refused_for_a_changed_host_key_says_so_on_the_launch(spare, olga
     key = offer_host_key(node, actor=admin)
     node.refresh_from_db()
     trust_host_key(node, key.fingerprint, actor=admin)
-    assert launches.stop(launch.pk, actor=olga).clean
+    assert ending.stop(launch.pk, actor=olga).clean

@@ -8,7 +8,7 @@ from django.db import transaction
 
 from nodes.models import Launch, LaunchLogLine, LaunchProfile, Node, ProfileRevision
 from nodes.models.choices import LaunchStatus
-from nodes.services import discovery, launches
+from nodes.workflows import discovery, ending, launching
 from tests.conftest import register_sim_node
 from tests.factories import make_user
 from tests.fleet import wait_until
@@ -61,8 +61,8 @@ def wait_for(launch: Launch, *statuses: str, timeout: float = 90) -> str:
 
 def test_a_stored_revision_with_hooks_never_runs_them_on_the_node(spare, olga, launch_workers):
     revision = stored_revision(spare, ATTACK)
-    with pytest.raises(launches.LaunchInputError) as refused:
-        launches.submit(node=spare, revision=revision, actor=olga)
+    with pytest.raises(launching.LaunchInputError) as refused:
+        launching.submit(node=spare, revision=revision, actor=olga)
     assert "BROWSER is refused" in str(refused.value)
     assert "PYTHONWARNINGS is refused" in str(refused.value)
     assert not Launch.objects.exists()
@@ -71,7 +71,7 @@ def test_a_stored_revision_with_hooks_never_runs_them_on_the_node(spare, olga, l
     Node.objects.filter(pk=spare.pk).update(allowed_env=["BROWSER", "PYTHONWARNINGS"])
     spare.refresh_from_db()
     with transaction.atomic():  # the start is queued when this block commits
-        launch = launches.submit(node=spare, revision=revision, actor=olga)
+        launch = launching.submit(node=spare, revision=revision, actor=olga)
         Node.objects.filter(pk=spare.pk).update(allowed_env=[])
     assert wait_for(launch, LaunchStatus.BLOCKED, LaunchStatus.READY, LaunchStatus.FAILED) == (
         LaunchStatus.BLOCKED
@@ -88,7 +88,7 @@ def test_a_node_runs_its_servers_as_its_unprivileged_user(spare, olga, launch_wo
         run_as_user="nobody", allowed_env=["BROWSER", "PYTHONWARNINGS"]
     )
     spare.refresh_from_db()
-    launch = launches.submit(node=spare, revision=stored_revision(spare, ATTACK), actor=olga)
+    launch = launching.submit(node=spare, revision=stored_revision(spare, ATTACK), actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED) == (
         LaunchStatus.READY
     ), launch.reason
@@ -99,7 +99,7 @@ def test_a_node_runs_its_servers_as_its_unprivileged_user(spare, olga, launch_wo
     assert marker.startswith("uid=65534(nobody)"), marker  # not root
     assert marker_files(spare.sim).endswith(f"{launch.remote_dir.split('/')[-1]}/work/pwned.txt")
     assert LaunchLogLine.objects.filter(launch=launch).exists()  # the log still streams
-    assert launches.stop(launch.pk, actor=olga).clean
+    assert ending.stop(launch.pk, actor=olga).clean
     assert spare.sim.ok(f"stat -c %U {launch.remote_dir}/pid").strip() == "root"
 
 
@@ -108,7 +108,7 @@ def test_a_run_as_user_missing_on_the_node_blocks_the_launch_with_the_reason(
 ):
     Node.objects.filter(pk=spare.pk).update(run_as_user="rankwise-absent")
     spare.refresh_from_db()
-    launch = launches.submit(node=spare, revision=stored_revision(spare, {}), actor=olga)
+    launch = launching.submit(node=spare, revision=stored_revision(spare, {}), actor=olga)
     assert wait_for(launch, LaunchStatus.BLOCKED, LaunchStatus.READY, LaunchStatus.FAILED) == (
         LaunchStatus.BLOCKED
     )

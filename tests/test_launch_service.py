@@ -21,9 +21,10 @@ from nodes.models import (
     Reservation,
 )
 from nodes.models.choices import LaunchStatus
-from nodes.services import launches
-from nodes.services.follower import Follower
+from nodes.services import launch_flags, launch_state
 from nodes.tasks import stop_launch
+from nodes.workflows import ending, launching, reconciling
+from nodes.workflows.following import Follower
 from tests.factories import make_node, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,15 +44,15 @@ def launch():
         verdict="ok",
         report={},
     )
-    return launches.create(node=node, revision=revision, actor=make_user("olga", "operator"))
+    return launching.create(node=node, revision=revision, actor=make_user("olga", "operator"))
 
 
 def test_a_panel_failure_while_starting_is_an_error_and_frees_the_gpus(launch, monkeypatch):
     def broken(launch_id: int) -> None:
         raise RuntimeError("database went away")
 
-    monkeypatch.setattr(launches, "_start", broken)
-    launches.start(launch.pk)
+    monkeypatch.setattr(launching, "_start", broken)
+    launching.start(launch.pk)
     launch.refresh_from_db()
     assert launch.status == LaunchStatus.ERROR
     assert "RuntimeError: database went away" in launch.reason
@@ -63,25 +64,25 @@ def test_the_reconciler_adopts_only_launches_whose_worker_is_silent(launch, sett
     Launch.objects.filter(pk=launch.pk).update(
         status=LaunchStatus.READY, worker_token="w1", worker_beat=timezone.now(), started=stale
     )
-    assert launches.orphans() == []
+    assert reconciling.orphans() == []
     Launch.objects.filter(pk=launch.pk).update(worker_beat=stale)
-    assert [o.pk for o in launches.orphans()] == [launch.pk]
+    assert [o.pk for o in reconciling.orphans()] == [launch.pk]
     Launch.objects.filter(pk=launch.pk).update(
         status=LaunchStatus.STOPPED, ended=timezone.now(), log_complete=True
     )
-    assert launches.orphans() == []
+    assert reconciling.orphans() == []
 
 
 def test_a_second_worker_cannot_take_a_fresh_lease(launch):
-    assert launches.claim(launch.pk, "first", (LaunchStatus.PENDING,))
-    assert not launches.claim(launch.pk, "second", (LaunchStatus.PENDING,))
-    assert launches.claim(launch.pk, "first", (LaunchStatus.PENDING,))
+    assert launch_state.claim(launch.pk, "first", (LaunchStatus.PENDING,))
+    assert not launch_state.claim(launch.pk, "second", (LaunchStatus.PENDING,))
+    assert launch_state.claim(launch.pk, "first", (LaunchStatus.PENDING,))
 
 
 def test_retention_keeps_the_first_and_the_newest_lines(launch, settings):
     settings.RANKWISE_LOG_LINES_MAX = 1200
     follower = Follower(launch.pk)
-    assert launches.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
+    assert launch_state.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
     follower.offset, follower.seq, follower.secrets = 0, 0, []
     follower.progress = Progress()
     for batch in range(30):
@@ -112,14 +113,14 @@ def test_a_second_stop_waits_for_the_first_and_acts_only_once(launch):
 
     timer = threading.Timer(1.0, first_stop_finishes)
     timer.start()
-    outcome = launches.stop(launch.pk, actor=make_user("pat", "operator"))
+    outcome = ending.stop(launch.pk, actor=make_user("pat", "operator"))
     timer.join()
     assert outcome.launch.status == LaunchStatus.STOPPED and not outcome.error
     assert not AuditEntry.objects.filter(action="launch.stop").exists()
 
 
 def test_a_launch_can_move_the_server_to_another_port(launch):
-    moved = launches.create(
+    moved = launching.create(
         node=launch.node,
         revision=launch.revision,
         actor=make_user("pat", "operator"),
@@ -127,7 +128,7 @@ def test_a_launch_can_move_the_server_to_another_port(launch):
         port=31000,
     )
     assert moved.status == LaunchStatus.PENDING and moved.port == 31000
-    assert launches.args_of(moved)[-2:] == ["--port", "31000"]
+    assert launch_flags.args_of(moved)[-2:] == ["--port", "31000"]
     assert set(moved.reservations.values_list("kind", "number")) == {
         ("gpu", 4),
         ("gpu", 5),
@@ -139,7 +140,7 @@ def test_a_numeric_api_key_masks_its_echo_but_not_the_numbers_the_parser_reads(l
     from nodes.domain.redact import secret_values
 
     follower = Follower(launch.pk)
-    assert launches.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
+    assert launch_state.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
     follower.offset, follower.seq = 0, 0
     follower.secrets = secret_values(["--api-key", "100000", "--max-total-tokens", "100000"], {})
     follower.progress = Progress()
@@ -162,9 +163,9 @@ def test_a_stop_whose_worker_went_silent_is_found_and_taken_over(launch, setting
     Launch.objects.filter(pk=launch.pk).update(
         status=LaunchStatus.STOPPING, stop_token="dead-worker", stop_beat=timezone.now()
     )
-    assert launches.stuck_stops() == []
+    assert reconciling.stuck_stops() == []
     Launch.objects.filter(pk=launch.pk).update(stop_beat=stale)
-    assert [s.pk for s in launches.stuck_stops()] == [launch.pk]
+    assert [s.pk for s in reconciling.stuck_stops()] == [launch.pk]
     # A second stop does not wait for the dead one: it tries the node itself (here: a port
     # where nothing listens, no retry left, so the stop is reported failed and the launch gets
     # its status back).
@@ -176,15 +177,15 @@ def test_a_stop_whose_worker_went_silent_is_found_and_taken_over(launch, setting
     Node.objects.filter(pk=launch.node_id).update(
         host="127.0.0.1", port=port, host_key=f"ssh-ed25519 {base64.b64encode(blob).decode()}"
     )
-    outcome = launches.stop(launch.pk, actor=make_user("pat", "operator"))
+    outcome = ending.stop(launch.pk, actor=make_user("pat", "operator"))
     assert outcome.error.startswith("stop failed after 1 attempt"), outcome.error
     assert outcome.launch.status == LaunchStatus.READY
-    assert outcome.launch.reason == outcome.error and launches.stuck_stops() == []
+    assert outcome.launch.reason == outcome.error and reconciling.stuck_stops() == []
 
 
 def test_stop_retries_back_off_and_are_bounded(settings):
     settings.RANKWISE_STOP_RETRIES, settings.RANKWISE_STOP_RETRY_SECONDS = 8, 5
-    waits = [launches.stop_retry_in(attempts) for attempts in range(1, 10)]
+    waits = [ending.stop_retry_in(attempts) for attempts in range(1, 10)]
     assert waits == [5, 10, 20, 40, 80, 120, 120, 120, None]
 
 
@@ -219,16 +220,16 @@ def test_a_stop_retry_chain_counts_on_across_a_requeue_and_ends_bounded(settings
     )  # fmt: skip
     _unreachable(node.pk)
     pat = make_user("pat", "operator")
-    first = launches.stop(launch.pk, actor=pat, token="t1", retries=True)
+    first = ending.stop(launch.pk, actor=pat, token="t1", retries=True)
     assert first.pending and first.retry_in == 1
     assert "retrying (attempt 2) in 1 s" in first.launch.reason
-    second = launches.stop(launch.pk, actor=pat, token="t1", retries=True)
+    second = ending.stop(launch.pk, actor=pat, token="t1", retries=True)
     assert second.pending and "retrying (attempt 3) in 2 s" in second.launch.reason
     # Its worker dies holding the retry: the lease goes stale after the due time.
-    assert launches.stuck_stops() == []
+    assert reconciling.stuck_stops() == []
     stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS + 5)
     Launch.objects.filter(pk=launch.pk).update(stop_beat=stale)
-    assert [s.pk for s in launches.stuck_stops()] == [launch.pk]
+    assert [s.pk for s in reconciling.stuck_stops()] == [launch.pk]
     # The stop the reconciler queues, run here in this process with its Celery retries.
     result = stop_launch.apply(args=(launch.pk, pat.pk))
     assert result.state in ("SUCCESS", "RETRY"), result.traceback

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from nodes.models import Launch, LaunchLogLine
-from nodes.services import discovery
+from nodes.workflows import discovery
 from tests.conftest import database_url, manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import wait_until

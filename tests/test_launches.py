@@ -10,7 +10,8 @@ import pytest
 
 from nodes.models import AuditEntry, Launch, LaunchLogLine, Reservation
 from nodes.models.choices import LaunchStatus
-from nodes.services import bundles, discovery, launches
+from nodes.services import bundles
+from nodes.workflows import discovery, ending, launching
 from tests.conftest import manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until
@@ -97,7 +98,7 @@ def test_corrected_incident_reaches_ready_with_phases_then_stop_frees_everything
     incident, olga, launch_workers
 ):
     idle = [gpu_used(incident.sim, g) for g in range(8)]
-    launch = launches.submit(node=incident, command=CORRECTED, actor=olga)
+    launch = launching.submit(node=incident, command=CORRECTED, actor=olga)
     assert launch.adhoc and launch.gpus == list(range(8))
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED) == (
         LaunchStatus.READY
@@ -117,7 +118,7 @@ def test_corrected_incident_reaches_ready_with_phases_then_stop_frees_everything
     assert ready_line.seq <= launch.last_seq
     assert gpu_used(incident.sim, 0) > idle[0]
 
-    outcome = launches.stop(launch.pk, actor=olga)
+    outcome = ending.stop(launch.pk, actor=olga)
     assert outcome.clean, (outcome.remaining, outcome.held_gpus, outcome.error)
     assert status_of(launch) == LaunchStatus.STOPPED
     assert not Reservation.objects.filter(launch=launch).exists()
@@ -135,7 +136,7 @@ def test_gpus_held_by_a_foreign_process_are_refused_with_its_pid(incident, olga,
             for line in incident.sim.ok("ps -eo pid,args").splitlines()
             if "simnode.hold" in line
         ]
-        launch = launches.submit(node=incident, command=SMALL, actor=olga, gpus=[3, 4])
+        launch = launching.submit(node=incident, command=SMALL, actor=olga, gpus=[3, 4])
         assert wait_for(
             launch, LaunchStatus.BLOCKED, LaunchStatus.STARTING, LaunchStatus.READY
         ) == (LaunchStatus.BLOCKED)
@@ -158,7 +159,7 @@ def test_two_simultaneous_launches_onto_the_same_gpus_run_exactly_one(spare, olg
 
         try:
             barrier.wait()
-            results.append(launches.submit(node=spare, command=SMALL, actor=olga, gpus=[0, 1]))
+            results.append(launching.submit(node=spare, command=SMALL, actor=olga, gpus=[0, 1]))
         except Exception as exc:  # noqa: BLE001 — the test reports it
             results.append(exc)
         finally:
@@ -177,13 +178,13 @@ def test_two_simultaneous_launches_onto_the_same_gpus_run_exactly_one(spare, olg
     assert wait_for(first, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
     scheduler_ranks = [p for p in sglang_processes(spare.sim) if "scheduler" in p]
     assert len(scheduler_ranks) == 2  # one server of two ranks, not two servers
-    assert launches.stop(first.pk, actor=olga).clean
+    assert ending.stop(first.pk, actor=olga).clean
 
 
 def test_the_incident_forced_past_preflight_fails_with_a_snapshot_and_its_diagnosis(
     incident, olga, launch_workers, settings, tmp_path
 ):
-    launch = launches.submit(
+    launch = launching.submit(
         node=incident,
         command=INCIDENT,
         actor=olga,
@@ -239,7 +240,7 @@ def test_the_incident_forced_past_preflight_fails_with_a_snapshot_and_its_diagno
 
 
 def test_a_worker_killed_mid_start_loses_no_launch_and_no_line(incident, olga, launch_workers):
-    launch = launches.submit(node=incident, command=CORRECTED, actor=olga)
+    launch = launching.submit(node=incident, command=CORRECTED, actor=olga)
     assert wait_for(launch, LaunchStatus.LOADING, LaunchStatus.READY, LaunchStatus.FAILED) == (
         LaunchStatus.LOADING
     ), launch.reason
@@ -252,13 +253,13 @@ def test_a_worker_killed_mid_start_loses_no_launch_and_no_line(incident, olga, l
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, timeout=120) == (
         LaunchStatus.READY
     ), launch.reason
-    assert launches.stop(launch.pk, actor=olga).clean
+    assert ending.stop(launch.pk, actor=olga).clean
     wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 20)
     assert_whole_log(launch, incident.sim)
 
 
 def test_a_node_cut_off_for_a_minute_is_lost_then_recovered(incident, olga, launch_workers):
-    launch = launches.submit(node=incident, command=SMALL, actor=olga)
+    launch = launching.submit(node=incident, command=SMALL, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
     simfleet("link", "incident", "down", "--state", incident.sim.state)
     try:
@@ -270,7 +271,7 @@ def test_a_node_cut_off_for_a_minute_is_lost_then_recovered(incident, olga, laun
         simfleet("link", "incident", "up", "--state", incident.sim.state)
     assert wait_for(launch, LaunchStatus.READY, timeout=60) == LaunchStatus.READY
     assert "answers again" in launch.reason
-    assert launches.stop(launch.pk, actor=olga).clean
+    assert ending.stop(launch.pk, actor=olga).clean
     wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 20)
     assert_whole_log(launch, incident.sim)
 
@@ -281,9 +282,9 @@ def test_secrets_are_masked_in_the_stored_command_environment_and_log(spare, olg
         "PGPASSWORD=pg_secret_value GH_TOKENS=gh_secret_value "
         f"{SMALL} --api-key sk-very-secret --tool-server http://u:pw-tool-secret9@tools:9"
     )
-    launch = launches.submit(node=spare, command=command, actor=olga)
+    launch = launching.submit(node=spare, command=command, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
-    assert launches.stop(launch.pk, actor=olga).clean
+    assert ending.stop(launch.pk, actor=olga).clean
     wait_until(lambda: Launch.objects.get(pk=launch.pk).log_complete, 20)
     stored = "\n".join(text for _, text in stored_lines(launch))
     assert "sk-very-secret" not in stored and "****" in stored  # server_args echoes the key
@@ -298,7 +299,7 @@ def test_secrets_are_masked_in_the_stored_command_environment_and_log(spare, olg
 
 
 def test_a_rank_killed_after_ready_makes_the_launch_failed_not_running(spare, olga, launch_workers):
-    launch = launches.submit(node=spare, command=SMALL, actor=olga)
+    launch = launching.submit(node=spare, command=SMALL, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == LaunchStatus.READY
     spare.sim.ok("pkill -9 -f '^sglang::scheduler_TP1'")
     # SGLang 0.5.9 has no liveness watchdog: the server keeps answering, /health says 503.
@@ -323,7 +324,7 @@ def test_the_whole_log_is_archived_masked_as_it_streams_from_the_node(spare, olg
     import shlex
 
     from nodes.models import LaunchProfile, ProfileRevision
-    from nodes.services.follower import Follower
+    from nodes.workflows.following import Follower
 
     profile = LaunchProfile.objects.create(name="archive", created_by="olga")
     revision = ProfileRevision.objects.create(

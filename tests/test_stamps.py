@@ -11,8 +11,9 @@ from django.urls import reverse
 
 from nodes.models import AuditEntry, KnownGoodStamp, Launch
 from nodes.models.choices import LaunchStatus
-from nodes.services import launches
-from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.services.model_facts import model_facts
+from nodes.services.profiles import evaluate, save_revision
+from nodes.workflows import ending, launching
 from tests.fleet import wait_until
 from tests.test_launches import node_fixture, wait_for
 
@@ -48,7 +49,7 @@ def test_a_launch_healthy_past_the_window_stamps_its_revision_with_what_it_used(
     spare, leaky, olga, launch_workers, client
 ):
     revision = revision_on(spare, olga)
-    launch = launches.submit(node=spare, revision=revision, actor=olga)
+    launch = launching.submit(node=spare, revision=revision, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == "ready"
     stamp = wait_until(lambda: KnownGoodStamp.objects.filter(launch=launch).first(), 40)
     assert stamp, "no stamp after the known-good window"
@@ -61,10 +62,10 @@ def test_a_launch_healthy_past_the_window_stamps_its_revision_with_what_it_used(
     assert set(used) == {"0", "1"} and all(b > 10 * 2**30 for b in used.values())
     assert stamp.estimate == launch.estimate
     assert AuditEntry.objects.filter(action="profile.known_good").count() == 1
-    launches.stop(launch.pk, actor=olga)
+    ending.stop(launch.pk, actor=olga)
 
     # The same revision dying on another node before the window leaves the stamp alone.
-    doomed = launches.submit(node=leaky, revision=revision, actor=olga)
+    doomed = launching.submit(node=leaky, revision=revision, actor=olga)
     assert wait_for(doomed, LaunchStatus.READY, LaunchStatus.FAILED) == "ready"
     leaky.sim.ok("pkill -KILL -f '^sglang::scheduler_TP1'")
     assert wait_for(doomed, LaunchStatus.FAILED, timeout=60) == "failed"

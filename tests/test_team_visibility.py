@@ -21,7 +21,7 @@ from nodes.models import (
     Reservation,
     Team,
 )
-from nodes.services import profiles, tokens
+from nodes.services import model_facts, profiles, tokens
 from nodes.services.audit import record
 from tests.factories import make_node, make_user
 from tests.test_views_diagnosis import INCIDENT, failed, pools
@@ -185,8 +185,8 @@ def test_an_outsider_cannot_write_a_revision_into_a_team_only_profile(world):
     assert ProfileRevision.objects.get(profile__name="alpha-secret", number=2).author == "op1"
 
 
-def _no_model() -> profiles.ModelFacts:
-    return profiles.ModelFacts(None, None, "not read")
+def _no_model() -> model_facts.ModelFacts:
+    return model_facts.ModelFacts(None, None, "not read")
 
 
 def test_a_launch_refused_for_gpus_a_team_only_launch_holds_does_not_name_it(world):

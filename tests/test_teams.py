@@ -13,8 +13,10 @@ from django.urls import reverse
 
 from nodes.models import AuditEntry, LaunchProfile, ProfileRevision, Team
 from nodes.models.choices import LaunchStatus
-from nodes.services import launches, teams, tokens
-from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.services import notifications, tokens
+from nodes.services.model_facts import model_facts
+from nodes.services.profiles import evaluate, save_revision
+from nodes.workflows import launching
 from tests.factories import make_node, make_user
 from tests.fleet import wait_until
 from tests.test_launches import node_fixture, wait_for
@@ -120,7 +122,7 @@ def test_ownership_changes_are_audited_and_team_only_needs_a_team(operator_clien
 @pytest.mark.django_db
 def test_delivery_posts_the_event_as_json_with_the_team(hook):
     team = Team.objects.create(name="infra", webhook_url=hook.url)
-    teams.deliver(team.pk, {"event": "gpu.quarantine", "node": "gpu-01", "detail": "GPU 0"})
+    notifications.deliver(team.pk, {"event": "gpu.quarantine", "node": "gpu-01", "detail": "GPU 0"})
     assert hook.bodies == [
         {"event": "gpu.quarantine", "node": "gpu-01", "detail": "GPU 0", "team": "infra"}
     ]
@@ -137,7 +139,7 @@ def test_the_team_hears_of_ready_then_failed_with_the_diagnosis(spare, hook, lau
         report=evaluate(args, spare, model), model=model, actor=olga,
     )  # fmt: skip
     LaunchProfile.objects.filter(pk=revision.profile_id).update(team=team)
-    launch = launches.submit(node=spare, revision=revision, actor=olga)
+    launch = launching.submit(node=spare, revision=revision, actor=olga)
     assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED) == "ready"
     assert wait_until(lambda: "launch.ready" in hook.events(), 20)
     spare.sim.ok("pkill -KILL -f '^sglang::scheduler_TP1'")

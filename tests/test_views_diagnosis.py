@@ -22,8 +22,8 @@ from nodes.models import (
     ProfileRevision,
 )
 from nodes.models.choices import LaunchStatus
-from nodes.services import bundle_uploads
-from nodes.services.diagnoses import diagnose_launch
+from nodes.workflows import diagnosing
+from nodes.workflows.diagnosing import diagnose_launch
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
@@ -194,7 +194,7 @@ def diagnosed(client: Any, upload: Any) -> str:
     job = BundleUpload.objects.get(pk=response.url.rstrip("/").rsplit("/", 1)[1])
     pending = client.get(response.url).content.decode()
     assert 'hx-trigger="every 1s"' in pending and job.result is None  # not read by the web
-    bundle_uploads.diagnose_upload(job.pk)
+    diagnosing.diagnose_upload(job.pk)
     return str(client.get(response.url).content.decode())
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Query, Router, Schema, Status
@@ -15,9 +16,10 @@ from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
 from nodes.models import Launch
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
-from nodes.queue import enqueue
-from nodes.services import diagnoses, launches
+from nodes.queue import send
+from nodes.services import fixes
 from nodes.services.teams import visible_launches
+from nodes.workflows import launching
 
 router = Router(tags=["launches"])
 LOG_BATCH = 1000
@@ -32,7 +34,7 @@ def launch_json(launch: Launch) -> dict[str, Any]:
     return {
         **launch.summary(),
         "checks": launch.checks or [],
-        "diagnosis": diagnoses.stored(launch),
+        "diagnosis": fixes.stored(launch),
     }
 
 
@@ -57,8 +59,8 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     if bool(body.profile) == bool(body.command):
         raise HttpError(400, "give a profile or a command, not both")
     try:
-        revision = launches.resolve_profile(body.profile, request.user) if body.profile else None
-        launch = launches.submit(
+        revision = launching.resolve_profile(body.profile, request.user) if body.profile else None
+        launch = launching.submit(
             node=node,
             revision=revision,
             command=body.command,
@@ -68,8 +70,9 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
             port=body.port,
             actor=request.user,
             request=request,
+            model_wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
         )
-    except launches.LaunchInputError as exc:
+    except launching.LaunchInputError as exc:
         raise HttpError(400, str(exc)) from None
     return Status(202, launch_json(launch))
 
@@ -101,5 +104,5 @@ def stop(request: HttpRequest, launch_id: int) -> Any:
     launch = get_object_or_404(visible_launches(request.user), pk=launch_id)
     if launch.status in LAUNCH_ENDED:
         return Status(202, {"detail": f"launch #{launch.pk} already ended ({launch.status})"})
-    enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
+    send("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
     return Status(202, {"detail": f"stopping launch #{launch.pk}", "id": launch.pk})

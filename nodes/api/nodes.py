@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from celery.exceptions import TimeoutError as CeleryTimeout
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Router, Status
@@ -15,9 +16,14 @@ from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, CleanupIn, Error, NodeOut
 from nodes.models import Node
 from nodes.models.choices import Role
-from nodes.queue import enqueue
-from nodes.services import cleanup, teams
+from nodes.queue import send
+from nodes.services import holders, teams
 from nodes.services.audit import record
+from nodes.services.credentials import target_for
+from nodes.workflows import cleanup
+
+#: How long the API waits for a worker's reading of the GPU holders (the task's limit).
+HOLDERS_WAIT_S = 90
 
 router = Router(tags=["nodes"])
 
@@ -72,7 +78,7 @@ def discover(request: HttpRequest, name: str) -> Any:
     node = named(name)
     if not node.host_key:
         raise HttpError(400, f"trust {node.name}'s host key first")
-    task = enqueue("nodes.discover_node", node.pk)
+    task = send("nodes.discover_node", node.pk)
     record("node.discover", actor=request.user, obj=node, request=request)
     return Status(202, {"detail": f"discovery of {node.name} queued", "id": task.id})
 
@@ -83,14 +89,22 @@ def discover(request: HttpRequest, name: str) -> Any:
 def gpu_holders(request: HttpRequest, name: str) -> Any:
     """The node's GPUs now: state (free/held/quarantined), memory, holders, host memory.
     A holder of another team's team-only launch shows ``team_only`` and neither its launch nor
-    its command. 409 when the node cannot be read (unreachable, host key not trusted). It runs
-    on the node, so it needs an operator's token (403 for a viewer's)."""
+    its command. 409 when the node cannot be read (unreachable, host key not trusted). A worker
+    reads the node (the web process never waits on SSH itself, only on that task's answer); it
+    runs on the node, so it needs an operator's token (403 for a viewer's)."""
     require(request, Role.OPERATOR)
     node = named(name)
     try:
-        inspection = cleanup.inspect(node)
+        target_for(node)  # a node that may not be contacted is refused here, not by a worker
+        reading = send("nodes.read_holders", node.pk).get(timeout=HOLDERS_WAIT_S)
     except ssh.RemoteError as exc:
         return Status(409, {"detail": f"{node.name} did not answer: {exc.message}"})
+    except CeleryTimeout:
+        return Status(409, {"detail": f"{node.name} was not read: no worker answered"})
+    inspection = holders.reading_from_json(reading, node)
+    if inspection is None:
+        why = reading.get("error") if isinstance(reading, dict) else None
+        return Status(409, {"detail": f"{node.name} did not answer: {why or 'no reading'}"})
     teams.mask_holders(request.user, inspection.holders)
     return inspection.to_json()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.http import HttpRequest
 from django.shortcuts import get_object_or_404
 from ninja import Body, Router, Status
@@ -16,7 +17,7 @@ from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, Revisi
 from nodes.domain.budget import BudgetReport
 from nodes.models import LaunchProfile
 from nodes.models.choices import Role
-from nodes.services import exchange, profiles, teams
+from nodes.services import exchange, model_facts, profiles, teams
 from nodes.services.audit import record
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_profiles
@@ -72,7 +73,9 @@ def validate(request: HttpRequest, body: ValidateIn) -> Any:
     node = named(body.node)
     if problem := profiles.input_problem(node, body.args, body.env):
         raise HttpError(400, problem)
-    model = profiles.model_of(node, body.args, read_node=operator)
+    model = model_facts.model_of(
+        node, body.args, read_node=operator, wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS
+    )
     doc = _budget(profiles.evaluate(body.args, node, model, env=body.env))
     if model.geometry is None:
         text = f"Model geometry: {model.source}"
@@ -111,6 +114,7 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
             actor=request.user,
             acknowledged=body.acknowledge_warnings,
             request=request,
+            model_wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
         )
     except profiles.ProfileRefused as refused:
         if refused.kind == "missing":

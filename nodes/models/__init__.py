@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from nodes.models.accounts import ApiToken, AuditEntry, Team
 from nodes.models.cleanups import Cleanup, CleanupStep
-from nodes.models.inventory import Gpu, GpuQuarantine, Node, NodeEvent, SshCredential
+from nodes.models.inventory import Gpu, GpuQuarantine, ModelReading, Node, NodeEvent, SshCredential
 from nodes.models.launches import BundleUpload, Launch, LaunchLogLine, Reservation
 from nodes.models.profiles import Calibration, KnownGoodStamp, LaunchProfile, ProfileRevision
 
@@ -21,6 +21,7 @@ __all__ = [
     "Launch",
     "LaunchLogLine",
     "LaunchProfile",
+    "ModelReading",
     "Node",
     "NodeEvent",
     "ProfileRevision",

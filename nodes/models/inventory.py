@@ -194,3 +194,27 @@ class GpuQuarantine(models.Model):
 
     def __str__(self) -> str:
         return f"{self.node.name} GPU {self.index} quarantined"
+
+
+class ModelReading(models.Model):
+    """What the node agent read of a model folder on a node (config.json, checkpoint size,
+    safetensors header groups, the folder's stamp), or why it could not: the budget's model
+    geometry. Read by a worker; pages only look here, they never wait on the node."""
+
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="model_readings")
+    model_path = models.CharField(max_length=1024)
+    # The node's address when it was read: a node moved to another host is read again.
+    host = models.CharField(max_length=253)
+    answer = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    read_at = models.DateTimeField(null=True, blank=True)
+    # When a read was last queued, so one page's polls do not queue one read each.
+    requested_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["node", "model_path"], name="one_reading_per_model")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.model_path} on {self.node.name}"

@@ -1,5 +1,6 @@
-"""Bundles on disk and over HTTP: a launch's bundle as a ``.tar.gz``, and a bundle read from a
-folder or an archive (without extracting anything to disk)."""
+"""Bundles on disk and over HTTP: a launch's bundle as a ``.tar.gz``, a bundle read from a
+folder or an archive (without extracting anything to disk), and what the diagnosis engine makes
+of one."""
 
 from __future__ import annotations
 
@@ -21,9 +22,12 @@ from nodes.domain.bundle import (
     launch_facts,
     timeline_snapshots,
 )
+from nodes.domain.diagnosis import Diagnosis, diagnose
 from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_values
+from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
+from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch
-from nodes.services import launches
+from nodes.services.launch_flags import args_of
 
 MAX_LOG_BYTES = 256 * 2**20
 MAX_LOG_LINES = 2_000_000
@@ -84,7 +88,7 @@ def facts_of(launch: Launch) -> dict[str, object]:
             node.sglang_python,
             "-m",
             "sglang.launch_server",
-            *redact_args(launches.args_of(launch)),
+            *redact_args(args_of(launch)),
         ],
         env=redact_env({**(launch.revision.env or {}), "CUDA_VISIBLE_DEVICES": launch.gpu_list()}),
         exit_code=launch.exit_status,
@@ -249,3 +253,17 @@ def _read(get: Callable[[str], bytes | None]) -> tuple[str, dict[str, object]]:
 
 def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not a number JSON allows")
+
+
+def diagnose_bundle(log_text: str, facts: dict[str, Any]) -> Diagnosis:
+    """The diagnosis of a bundle (``launch.log`` text, ``facts.json``): the command's flags are
+    read as the bundle's engine version parses them."""
+    command = facts.get("command") or []
+    try:
+        argv, _ = split_command([str(w) for w in command] if isinstance(command, list) else [])
+    except ValueError:
+        argv = []
+    version = facts.get("engine_version")
+    if not (isinstance(version, str) and VERSION_TEXT.fullmatch(version)):
+        version = DEFAULT_VERSION  # an engine version we cannot read: parse as the default does
+    return diagnose(log_text, facts, parse_command(argv, table(version)).values)

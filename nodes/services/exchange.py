@@ -23,9 +23,9 @@ from nodes.domain.env_policy import check_name
 from nodes.domain.inventory import check_node_name
 from nodes.domain.redact import MASK, redact_args, redact_env
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command
-from nodes.flag_tables import table
+from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
-from nodes.services.profiles import DEFAULT_VERSION, env_problems
+from nodes.services.profiles import env_problems
 
 FORMAT = "rankwise-profiles/1"
 

@@ -7,13 +7,17 @@ new key (``discovery.trust_host_key``).
 
 from __future__ import annotations
 
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
+from django.http import HttpRequest
 
 from nodes import ssh
 from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
+
+Actor = AbstractBaseUser | AnonymousUser
 
 
 def verify(node: Node, timeout: float = ssh.CONNECT_TIMEOUT_S) -> None:
@@ -55,3 +59,53 @@ def mark_changed(node: Node, error: ssh.RemoteError) -> None:
     node.status = NodeStatus.HOST_KEY_CHANGED
     if before != NodeStatus.HOST_KEY_CHANGED:
         node.status_reason = error.message
+
+
+def offer_host_key(node: Node, *, actor: Actor, request: HttpRequest | None = None) -> ssh.HostKey:
+    """Fetch the key the node presents and keep it as offered, for an admin to trust."""
+    key = ssh.fetch_host_key(node.host, node.port)
+    Node.objects.filter(pk=node.pk).update(
+        offered_host_key=key.line, offered_host_key_fingerprint=key.fingerprint
+    )
+    record(
+        "node.fetch_host_key",
+        actor=actor,
+        obj=node,
+        after={"offered": key.fingerprint},
+        request=request,
+    )
+    return key
+
+
+def trust_host_key(
+    node: Node, fingerprint: str, *, actor: Actor, request: HttpRequest | None = None
+) -> None:
+    """Trust the offered key, but only if it is the one the admin saw (``fingerprint``)."""
+    if not node.offered_host_key or node.offered_host_key_fingerprint != fingerprint:
+        raise ssh.RemoteError(
+            "host_key_mismatch",
+            "the offered host key changed since it was shown; fetch it again and compare",
+            permanent=True,
+        )
+    before = {"trusted": node.host_key_fingerprint or None}
+    with transaction.atomic():
+        Node.objects.filter(pk=node.pk).update(
+            host_key=node.offered_host_key,
+            host_key_fingerprint=fingerprint,
+            offered_host_key="",
+            offered_host_key_fingerprint="",
+            # A changed key is settled by trusting the new one: the node is contacted again.
+            status=NodeStatus.UNKNOWN if node.status != NodeStatus.MAINTENANCE else node.status,
+            status_reason="host key trusted; not discovered since",
+        )
+        NodeEvent.objects.create(
+            node=node, kind="host_key", message=f"host key {fingerprint} trusted"
+        )
+        record(
+            "node.trust_host_key",
+            actor=actor,
+            obj=node,
+            before=before,
+            after={"trusted": fingerprint},
+            request=request,
+        )

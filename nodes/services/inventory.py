@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
 
-from nodes.forms.inventory import NodeForm
 from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
 from nodes.services.audit import record
@@ -14,14 +16,21 @@ from nodes.services.audit import record
 Actor = AbstractBaseUser | AnonymousUser
 
 
-def save_node(form: NodeForm, *, actor: Actor, request: HttpRequest | None = None) -> Node:
-    """Save a valid ``NodeForm`` and record ``node.create`` or ``node.update`` with before/after.
+def save_node(
+    write: Callable[[], Node],
+    *,
+    before: dict[str, Any] | None,
+    actor: Actor,
+    request: HttpRequest | None = None,
+) -> Node:
+    """Run ``write`` (it saves the node and its GPUs: a valid ``NodeForm``'s ``save``) and record
+    ``node.create`` (``before`` is None) or ``node.update`` with ``before`` (the node's
+    ``audit_snapshot()`` as it was) and after.
 
     Either both the node (with its GPUs) and the audit entry are written, or neither is.
     """
-    before = form.snapshot_before
     with transaction.atomic():
-        node = form.save()
+        node = write()
         after = node.audit_snapshot()
         if before == after:
             return node

@@ -6,48 +6,23 @@ same input checks, the same budget, the same audit.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from dataclasses import dataclass, replace
-from pathlib import Path
-
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Max
 from django.http import HttpRequest
 
-from nodes import ssh
 from nodes.domain import env_policy
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
-from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import parse_command
-from nodes.flag_tables import table
+from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import LaunchProfile, Node, ProfileRevision
-from nodes.models.choices import NodeStatus
-from nodes.services import teams
+from nodes.services import calibrations, teams
 from nodes.services.audit import record
-from nodes.services.credentials import target_for
+from nodes.services.model_facts import ModelFacts, model_facts
 from nodes.services.teams import visible_profiles
 
 Actor = AbstractBaseUser | AnonymousUser
-DEFAULT_VERSION = "0.5.9"
-GEOMETRY_TTL_S = 600
-HEADERS_TTL_S = 7 * 24 * 3600
-# Reads config.json and the safetensors headers on the node (never the tensors); prints one JSON
-# line. Given the stamp (size + mtime) of what it read before, it answers "unchanged" instead.
-MODEL_PROBE = (Path(__file__).resolve().parent.parent / "remote" / "model_headers.py").read_bytes()
-#: What each probe problem means, said of ``{path}`` on ``{node}``.
-PROBE_PROBLEMS = {
-    "no-folder": "no model folder at {path} on {node}",
-    "no-config": "no config.json in {path} on {node}",
-    "denied": "{path} on {node} may not be read (permission denied)",
-    "bad-config": "{path}/config.json on {node} is not a JSON object",
-    "unreadable": "{path} on {node} could not be read",
-}
-#: Why a viewer's check shows no model geometry: reading on a node needs the operator role.
-NOT_READ_FOR_VIEWERS = "not read (reading the model on the node needs the operator role)"
 
 
 class ProfileHidden(LookupError):
@@ -61,8 +36,8 @@ class ProfileRefused(Exception):
     """Why a revision was not saved: ``kind`` is ``input`` (the name, a flag, a port or the
     environment is refused; the reason says which), ``exists`` (a new profile's name is
     taken), ``missing`` (another team's profile, which the actor cannot see), ``block`` (the
-    budget blocks it on the node) or ``warn`` (its warnings were not acknowledged);
-    ``report`` is the budget when one was made."""
+    budget blocks it on the node) or ``warn`` (its warnings were not acknowledged); ``report``
+    is the budget when one was made."""
 
     def __init__(self, kind: str, reason: str, report: BudgetReport | None = None) -> None:
         super().__init__(reason)
@@ -87,15 +62,6 @@ def check_env(env: dict[str, str], node: Node | None) -> None:
         raise EnvRefused("; ".join(problems))
 
 
-@dataclass(frozen=True)
-class ModelFacts:
-    """The model's geometry and checkpoint size, and where they came from (for the page)."""
-
-    geometry: ModelGeometry | None
-    weights_bytes: int | None
-    source: str
-
-
 def node_memory(node: Node) -> NodeMemory:
     """What the budget needs from the inventory: GPU sizes and use, RAM, MemAvailable, cgroup."""
     gpus = list(node.gpus.all())
@@ -110,83 +76,6 @@ def node_memory(node: Node) -> NodeMemory:
     )
 
 
-def model_facts(
-    node: Node, model_path: str, pasted_config: str = "", *, read_node: bool = True
-) -> ModelFacts:
-    """The geometry from a pasted config.json, else read on the node over SSH (cached 10 min)
-    unless ``read_node`` is false (a viewer's check: nothing runs on the node for them). A
-    problem is said in ``source`` in plain words ("no model folder at /x on gpu-01")."""
-    if pasted_config.strip():
-        try:
-            return ModelFacts(from_config(json.loads(pasted_config)), None, "pasted config.json")
-        except RecursionError:
-            return ModelFacts(None, None, "the pasted config.json is nested too deeply")
-        except (ValueError, GeometryError) as exc:
-            return ModelFacts(None, None, f"the pasted config.json is unusable: {str(exc)[:200]}")
-    if not model_path or not node.host_key:
-        return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
-    if not read_node:
-        return ModelFacts(None, None, NOT_READ_FOR_VIEWERS)
-    if node.status == NodeStatus.HOST_KEY_CHANGED:
-        # Not even a cached reading: what the node holds now cannot be known safely.
-        why = node.status_reason or "its host key changed"
-        return ModelFacts(None, None, f"not read: {node.name} cannot be reached safely: {why}")
-    key = "model:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()
-    cached = cache.get(key)
-    if cached is None:
-        cached = _read_model(node, model_path)
-        cache.set(key, cached, GEOMETRY_TTL_S if "config" in cached else 30)
-    if "config" not in cached:
-        return ModelFacts(None, None, cached["error"])
-    try:
-        geometry = from_config(cached["config"])
-    except GeometryError as exc:
-        return ModelFacts(None, cached["weights_bytes"], f"{model_path}/config.json: {exc}")
-    tensors = cached.get("tensors")
-    if isinstance(tensors, list):
-        geometry = replace(geometry, tensors=tuple(tensors))
-    else:  # the budget's weights line says so
-        note = str(cached.get("headers_error") or "no safetensors headers")[:200]
-        geometry = replace(geometry, headers_note=f"headers not read: {note}")
-    return ModelFacts(geometry, cached["weights_bytes"], f"read from {node.name}:{model_path}")
-
-
-def model_of(node: Node, args: list[str], *, read_node: bool = True) -> ModelFacts:
-    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``
-    unless ``read_node`` is false (see ``model_facts``)."""
-    flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
-    return model_facts(node, str(flags.get("model_path", default="") or ""), read_node=read_node)
-
-
-def _read_model(node: Node, model_path: str) -> dict[str, object]:
-    """The node's answer for the model folder; the headers are read again only when the
-    folder's stamp (total size, newest mtime) changed since the last read (cached a week)."""
-    key = "headers:" + hashlib.sha256(f"{node.pk}:{node.host}:{model_path}".encode()).hexdigest()
-    before = cache.get(key)
-    stamp = [str(before["stamp"])] if isinstance(before, dict) and before.get("stamp") else []
-    try:
-        with ssh.pool.session(target_for(node)) as client:
-            result = ssh.run(
-                client, ["python3", "-", model_path, *stamp], stdin=MODEL_PROBE, timeout=60
-            )
-        doc: dict[str, object] = json.loads(result.stdout.strip().splitlines()[-1])
-    except ssh.RemoteError as exc:
-        if exc.kind == "command_failed":
-            # What the interpreter printed is for the node's admin, not the page.
-            why = f"the model probe failed (exit status {exc.exit_status})"
-            return {"error": f"not read from {node.name}: {why}"}
-        return {"error": f"not read from {node.name}: {exc.message}"}
-    except (ValueError, IndexError):
-        return {"error": f"not read from {node.name}: unexpected output"}
-    if doc.get("unchanged") and isinstance(before, dict):
-        return before
-    if "config" in doc:
-        cache.set(key, doc, HEADERS_TTL_S)
-        return doc
-    words = PROBE_PROBLEMS.get(str(doc.get("problem")), PROBE_PROBLEMS["unreadable"])
-    return {"error": words.format(path=model_path, node=node.name)}
-
-
 def evaluate(
     args: list[str],
     node: Node,
@@ -197,8 +86,6 @@ def evaluate(
 ) -> BudgetReport:
     """The budget of ``args`` (flags after the launcher) with ``env`` on ``node`` (its memory as
     last read, or ``memory``)."""
-    from nodes.services import calibrations
-
     version = version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     flags.env = dict(env or {})
@@ -304,11 +191,13 @@ def submit_revision(
     new_profile: bool = False,
     pasted_config: str = "",
     request: HttpRequest | None = None,
+    model_wait: float | None = None,
 ) -> tuple[ProfileRevision, BudgetReport]:
     """Check a revision and save it (form, API and CLI): the name, the input
     (``input_problem``), the profile's team (``actor`` must see it), then the budget on
     ``node``; a ``warn`` verdict is saved only when ``acknowledged``. ``new_profile`` refuses a
-    name that exists. Returns the revision and its budget; raises ``ProfileRefused``."""
+    name that exists. The model is read as ``model_facts`` reads it with ``wait=model_wait``.
+    Returns the revision and its budget; raises ``ProfileRefused``."""
     if problem := rules.check_node_name(profile_name):
         raise ProfileRefused("input", f"profile name: {problem}")
     existing = LaunchProfile.objects.filter(name=profile_name).first()
@@ -321,7 +210,8 @@ def submit_revision(
     if problem := input_problem(node, args, env):
         raise ProfileRefused("input", problem)
     flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
-    model = model_facts(node, str(flags.get("model_path", default="") or ""), pasted_config)
+    path = str(flags.get("model_path", default="") or "")
+    model = model_facts(node, path, pasted_config, wait=model_wait)
     report = evaluate(list(args), node, model, env=env)
     if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
         why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))

@@ -14,12 +14,11 @@ from django.views.decorators.http import require_POST
 
 from nodes.domain.calibration import CalibrationError
 from nodes.domain.sglang_flags import parse_command
-from nodes.flag_tables import table
+from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Calibration, LaunchProfile
 from nodes.models.choices import Role
 from nodes.services import calibrations
 from nodes.services.audit import record
-from nodes.services.profiles import DEFAULT_VERSION
 from nodes.services.teams import visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import uuid
 from typing import Any
 
 from django.contrib import messages
@@ -12,28 +13,53 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods
 
-from nodes import ssh
+from nodes.domain.gpu_holders import Holder
 from nodes.forms.cleanups import CleanupForm
 from nodes.models import Launch, Node
 from nodes.models.choices import Role
-from nodes.services import cleanup, teams
-from nodes.views.http import HtmxHttpRequest, after_post, role_required
+from nodes.queue import send
+from nodes.services import holders, teams
+from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
+from nodes.workflows import cleanup
+
+#: Polls of a holders reading before the page says no worker answered (half a second apart).
+READING_POLLS = 120
 
 
 @require_GET
 @role_required(Role.OPERATOR)
 def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
-    """The node's "GPU holders" panel: read live over SSH, changes nothing. Operators only:
-    nothing runs on a node for a viewer (and every process's command line shows here)."""
+    """The node's "GPU holders" panel: read on the node by a worker (the panel polls until the
+    reading is there), changes nothing. Operators only: nothing runs on a node for a viewer
+    (and every process's command line shows here)."""
     node = get_object_or_404(Node, pk=pk)
-    context: dict[str, Any] = {"node": node}
-    try:
-        context["inspection"] = cleanup.inspect(node)
-    except ssh.RemoteError as exc:
-        context["error"] = exc.message
-    else:
-        teams.mask_holders(request.user, context["inspection"].holders)
-    return render(request, "nodes/gpu_holders.html", context)
+    return render(request, "nodes/gpu_holders.html", _reading(request, node, None))
+
+
+def _reading(request: HtmxHttpRequest, node: Node, launch: Launch | None) -> dict[str, Any]:
+    """The page's context for the node's holders: the reading named by ``reading`` once a
+    worker made it (masked for this user), else a reading queued now, for the page to poll."""
+    asked = request.GET.get("reading") or request.POST.get("reading") or ""
+    tries = int(t) if (t := request.GET.get("tries", "")).isdigit() else 0
+    context: dict[str, Any] = {"node": node, "launch": launch, "tries": tries + 1}
+    state = task_state(asked, "GPU holders")
+    if state is None:
+        reading = str(uuid.uuid4())
+        send("nodes.read_holders", node.pk, launch.pk if launch else None, task_id=reading)
+        return {**context, "reading": reading}
+    context["reading"] = state.id
+    if state.running:
+        if tries >= READING_POLLS:
+            return {**context, "error": "no worker answered (is a Celery worker running?)"}
+        return context
+    doc = state.result if isinstance(state.result, dict) else {}
+    if doc.get("node") == node.pk and doc.get("error"):
+        return {**context, "error": doc["error"]}
+    inspection = holders.reading_from_json(state.result, node)
+    if inspection is None:
+        return {**context, "error": state.error or "that reading is not of this node: reload"}
+    teams.mask_holders(request.user, inspection.holders)
+    return {**context, "inspection": inspection}
 
 
 def _launch_of(request: HtmxHttpRequest, node: Node) -> Launch | None:
@@ -55,28 +81,21 @@ def _launch_of(request: HtmxHttpRequest, node: Node) -> Launch | None:
 @require_http_methods(["GET", "POST"])
 @role_required(Role.OPERATOR)
 def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
-    """Choose GPUs and confirm; other holders are listed one by one, each needing its tick."""
+    """Choose GPUs and confirm; other holders are listed one by one, each needing its tick.
+    What is offered is what the reading the page showed holds (``reading``): a PID it did not
+    offer is refused, and a POST without that reading starts a new one and changes nothing."""
     node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
     launch = _launch_of(request, node)
-    try:
-        inspection = cleanup.inspect(node, launch=launch)
-    except ssh.RemoteError as exc:
-        messages.error(request, f"{node.name} did not answer: {exc.message}")
-        return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
-    teams.mask_holders(request.user, inspection.holders)
-    others = [
-        h
-        for h in inspection.holders
-        if h.gpus
-        and h.state not in ("Z", "X")
-        and not (launch and h.launch_id == launch.pk)
-        # Another team's team-only launch is ended by its team or an admin, not offered here.
-        and not h.team_only
-    ]
+    context = _reading(request, node, launch)
+    inspection: holders.Inspection | None = context.get("inspection")
+    if inspection is None:
+        if request.method == "POST":
+            messages.error(request, "The node was not read yet: nothing was done. Check again.")
+        return _cleanup_page(request, context)
     form = CleanupForm(
         request.POST or None,
         gpu_indexes=[g.index for g in inspection.gpus],
-        others=others,
+        others=_others(inspection, launch),
         initial={"gpus": launch.gpus if launch else [g.index for g in inspection.gpus]},
     )
     if request.method == "POST" and form.is_valid():
@@ -94,7 +113,25 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         else:
             cleanup.queue(job)  # QueueUnavailable: 503 (the middleware), the cleanup ended as error
             return after_post(request, reverse("nodes:cleanup-detail", args=[job.pk]))
-    context = {"node": node, "launch": launch, "inspection": inspection, "form": form}
+    return _cleanup_page(request, {**context, "form": form})
+
+
+def _others(inspection: holders.Inspection, launch: Launch | None) -> list[Holder]:
+    """Holders the form may offer to kill: live, on a GPU, not the launch's own, and not
+    another team's team-only launch's (ended by its team or an admin, not offered here)."""
+    return [
+        h
+        for h in inspection.holders
+        if h.gpus
+        and h.state not in ("Z", "X")
+        and not (launch and h.launch_id == launch.pk)
+        and not h.team_only
+    ]
+
+
+def _cleanup_page(request: HtmxHttpRequest, context: dict[str, Any]) -> HttpResponse:
+    if request.htmx and request.method == "GET":
+        return render(request, "nodes/cleanup_form.html#cleanup-reading", context)
     return render(request, "nodes/cleanup_form.html", context)
 
 

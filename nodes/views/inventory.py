@@ -3,11 +3,8 @@ SSH keys. Each view checks the role, binds the form, calls a service, renders a 
 
 from __future__ import annotations
 
-import re
 import uuid
-from typing import Any
 
-from celery.result import AsyncResult
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Count, Prefetch
@@ -16,20 +13,18 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.debug import sensitive_post_parameters, sensitive_variables
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from kombu.exceptions import OperationalError
-from redis.exceptions import RedisError
 
 from nodes.forms.inventory import CredentialForm, NodeForm
 from nodes.models import AuditEntry, Gpu, Node, SshCredential
 from nodes.models.choices import Role
-from nodes.queue import QueueUnavailable, enqueue
+from nodes.queue import QueueUnavailable, send
 from nodes.services import teams
 from nodes.services.audit import record
 from nodes.services.credentials import create_credential, delete_credential
-from nodes.services.discovery import offer_host_key, trust_host_key
+from nodes.services.hostkeys import offer_host_key, trust_host_key
 from nodes.services.inventory import delete_node, save_node, set_maintenance
 from nodes.ssh import RemoteError
-from nodes.views.http import HtmxHttpRequest, after_post, role_required
+from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
 
 
 def _nodes_with_gpus() -> list[Node]:
@@ -80,22 +75,15 @@ def node_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
 def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     """The node's live facts; while ``?task=ID`` (a discovery) runs, the fragment keeps polling."""
     node = get_object_or_404(Node.objects.prefetch_related("gpus"), pk=pk)
-    task_id = request.GET.get("task", "")
-    if task_id and not re.fullmatch(r"[0-9a-f-]{36}", task_id):
-        task_id = ""
-    result: AsyncResult[Any] | None = AsyncResult(task_id) if task_id else None
-    try:
-        running = result is not None and not result.ready()
-        outcome = result.result if result is not None and result.successful() else None
-        error = outcome.get("error") if isinstance(outcome, dict) else None
-        if result is not None and result.failed():
-            error = "the discovery task crashed; see the worker's log"
-    except (OperationalError, RedisError):
-        running, error = False, "the task queue (Redis) does not answer"
+    state = task_state(request.GET.get("task", ""), "discovery")
+    outcome = state.result if state is not None else None
+    error = state.error if state is not None else None
+    if isinstance(outcome, dict) and outcome.get("error"):
+        error = outcome["error"]
     context = {
         "node": node,
-        "task_id": task_id if running else None,
-        "finished": result is not None and not running and not error,
+        "task_id": state.id if state is not None and state.running else None,
+        "finished": state is not None and not state.running and not error,
         "discovery_error": error,
     }
     return render(request, "nodes/node_detail.html#node-live", context)
@@ -109,7 +97,7 @@ def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.error(request, f"Trust {node.name}'s host key first: nothing runs on it before.")
         return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
     task_id = str(uuid.uuid4())
-    enqueue("nodes.discover_node", node.pk, task_id=task_id)  # QueueUnavailable: 503
+    send("nodes.discover_node", node.pk, task_id=task_id)  # QueueUnavailable: 503
     record("node.discover", actor=request.user, obj=node, request=request)
     if request.htmx:
         node = Node.objects.prefetch_related("gpus").get(pk=pk)
@@ -148,7 +136,7 @@ def node_trust_host_key(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     else:
         # The first thing anyone wants after trusting a node is to see it: discover it now.
         try:
-            enqueue("nodes.discover_node", node.pk)
+            send("nodes.discover_node", node.pk)
         except QueueUnavailable:
             messages.success(request, f"Host key of {node.name} trusted.")
         else:
@@ -232,7 +220,9 @@ def _node_form(request: HtmxHttpRequest, node: Node) -> HttpResponseBase:
     creating = node.pk is None
     form = NodeForm(request.POST or None, instance=node)
     if request.method == "POST" and form.is_valid():
-        node = save_node(form, actor=request.user, request=request)
+        node = save_node(
+            form.save, before=form.snapshot_before, actor=request.user, request=request
+        )
         messages.success(request, f"Node {node.name} {'added' if creating else 'saved'}.")
         return after_post(request, reverse("nodes:node-detail", args=[node.pk]))
     template = "nodes/node_form.html#node-form" if request.htmx else "nodes/node_form.html"

@@ -41,14 +41,15 @@ from nodes.domain import remedy, timeline
 from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
 from nodes.forms.launches import BundleUploadForm, LaunchForm
+from nodes.live import channel
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
-from nodes.queue import QueueUnavailable, enqueue
-from nodes.services import bundle_uploads, bundles, diagnoses, launches
-from nodes.services.follower import channel
+from nodes.queue import QueueUnavailable, send
+from nodes.services import bundle_uploads, bundles, fixes
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
+from nodes.workflows import launching
 
 LINES_SHOWN = 2000
 BATCH = 1000
@@ -105,7 +106,7 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
         if form.is_valid():
             data = form.cleaned_data
             try:
-                launch = launches.submit(
+                launch = launching.submit(
                     node=data["node"],
                     revision=data["revision"],
                     command=data["command"] or None,
@@ -115,8 +116,9 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
                     port=data["port"],
                     actor=request.user,
                     request=request,
+                    model_wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
                 )
-            except launches.LaunchInputError as exc:
+            except launching.LaunchInputError as exc:
                 form.add_error(None, str(exc))
             else:
                 return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
@@ -154,7 +156,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
     launch failed, the phase bar (frozen where a failed launch stopped), checks, the memory
     timeline, the estimate beside the server's figures."""
     progress = Progress.from_json(launch.progress)
-    diagnosis = diagnoses.stored(launch)
+    diagnosis = fixes.stored(launch)
     reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
     phases = [
         {"key": key, "label": label, "done": i < reached, "current": i == reached}
@@ -259,7 +261,7 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     if launch.status in LAUNCH_ENDED:
         messages.info(request, f"Launch #{launch.pk} already ended ({launch.status}).")
     else:
-        enqueue("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
+        send("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
         messages.success(request, f"Stopping launch #{launch.pk}…")
     return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
 
@@ -325,8 +327,13 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     profile is not theirs to write to."""
     launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     try:
-        revision, created = diagnoses.apply_fix(launch, actor=request.user, request=request)
-    except diagnoses.FixError as exc:
+        revision, created = fixes.apply_fix(
+            launch,
+            actor=request.user,
+            request=request,
+            wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
+        )
+    except fixes.FixError as exc:
         messages.error(request, str(exc))
         return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
     if created:
@@ -358,7 +365,7 @@ def bundle_diagnose(request: HtmxHttpRequest) -> HttpResponseBase:
         job = bundle_uploads.store(form.cleaned_data["bundle"], request.user)
         try:
             # The job's id is the task's, so a caller can wait on the task by the page's URL.
-            enqueue("nodes.diagnose_upload", str(job.pk), task_id=str(job.pk))
+            send("nodes.diagnose_upload", str(job.pk), task_id=str(job.pk))
         except QueueUnavailable:
             job.delete()
             form.add_error(None, "The task queue (Redis) does not answer; nothing was diagnosed.")

@@ -7,6 +7,7 @@ import shlex
 from typing import Any
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db.models import Exists, F, OuterRef, Prefetch, Subquery
@@ -18,18 +19,16 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from nodes.domain import remedy, revision_diff
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
-from nodes.flag_tables import table
+from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.forms.profiles import ProfileForm, data_from_command
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.models.choices import Role
 from nodes.services.audit import record
+from nodes.services.model_facts import model_facts, model_of
 from nodes.services.profiles import (
-    DEFAULT_VERSION,
     EnvRefused,
     ProfileRefused,
     evaluate,
-    model_facts,
-    model_of,
     save_revision,
     submit_revision,
 )
@@ -153,12 +152,14 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
-def _checked(form: ProfileForm, *, read_node: bool = True) -> dict[str, Any]:
+def _checked(form: ProfileForm, *, read_node: bool = True, wait: float = 0) -> dict[str, Any]:
     """The budget panel's context for a bound, valid form; with ``read_node`` false nothing
     runs on the node (the model is read from a pasted config.json only)."""
     node = form.cleaned_data["node"]
     data = form.cleaned_data
-    model = model_facts(node, data["model_path"], data["model_config"], read_node=read_node)
+    model = model_facts(
+        node, data["model_path"], data["model_config"], read_node=read_node, wait=wait
+    )
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
@@ -253,7 +254,7 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
     if node is None:
         messages.error(request, f"{old} names no node to check it on; edit it instead.")
         return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
-    model = model_of(node, list(old.args))
+    model = model_of(node, list(old.args), wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS)
     report = evaluate(list(old.args), node, model, env=dict(old.env or {}))
     try:
         revision = save_revision(
@@ -395,8 +396,11 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         form.fields["name"].disabled = True
         form.initial["name"] = profile.name
     if form.is_valid():
-        context.update(_checked(form))
-        if request.POST.get("action") == "save" and form.cleaned_data["pasted_command"].strip():
+        saving = request.POST.get("action") == "save"
+        context.update(
+            _checked(form, wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS if saving else 0)
+        )
+        if saving and form.cleaned_data["pasted_command"].strip():
             # What is saved is what the fields show: a pasted command is never dropped silently.
             form.add_error(
                 "pasted_command",
@@ -416,6 +420,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
                     new_profile=profile is None,
                     pasted_config=form.cleaned_data["model_config"],
                     request=request,
+                    model_wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
                 )
             except ProfileRefused as refused:
                 field, text = SAVE_REFUSALS.get(refused.kind, (None, refused.reason))

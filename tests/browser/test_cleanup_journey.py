@@ -7,7 +7,7 @@ import pytest
 from playwright.sync_api import expect
 
 from nodes.models import Launch
-from nodes.services import discovery, launches
+from nodes.workflows import discovery, launching
 from tests.browser.test_node_journey import log_in
 from tests.conftest import register_sim_node
 from tests.factories import make_user
@@ -28,7 +28,7 @@ def test_clean_up_a_failed_launch_then_see_the_quarantine_on_the_node(
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     olga = make_user("olga", "operator")
-    failed = launches.submit(
+    failed = launching.submit(
         node=node, command=HOSTILE, actor=olga, overrides={"budget": "the incident, on purpose"}
     )
     wait_until(

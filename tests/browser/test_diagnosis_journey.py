@@ -9,7 +9,7 @@ from playwright.sync_api import expect
 
 from nodes.models import Launch
 from nodes.models.choices import LaunchStatus
-from nodes.services import discovery, launches
+from nodes.workflows import discovery, launching
 from tests.browser.test_node_journey import log_in
 from tests.conftest import register_sim_node
 from tests.factories import make_user
@@ -31,7 +31,7 @@ def test_read_the_diagnosis_apply_the_fix_relaunch_and_reach_ready(
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     olga = make_user("olga", "operator")
-    failed = launches.submit(
+    failed = launching.submit(
         node=node, command=INCIDENT, actor=olga, overrides={"budget": "reproducing the incident"}
     )
     wait_until(

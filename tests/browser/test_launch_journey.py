@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from playwright.sync_api import expect
 
-from nodes.services import discovery
-from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.services.model_facts import model_facts
+from nodes.services.profiles import evaluate, save_revision
+from nodes.workflows import discovery
 from tests.browser.test_node_journey import log_in
 from tests.conftest import register_sim_node
 from tests.factories import make_user

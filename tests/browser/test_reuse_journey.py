@@ -10,8 +10,9 @@ from playwright.sync_api import expect
 
 from nodes.models import KnownGoodStamp, Launch
 from nodes.models.choices import LaunchStatus
-from nodes.services import discovery, launches
-from nodes.services.profiles import evaluate, model_facts, save_revision
+from nodes.services.model_facts import model_facts
+from nodes.services.profiles import evaluate, save_revision
+from nodes.workflows import discovery, ending, launching
 from tests.browser.test_node_journey import log_in
 from tests.conftest import register_sim_node
 from tests.factories import make_user
@@ -42,9 +43,9 @@ def test_find_known_good_clone_to_a_smaller_node_accept_the_change_launch(
         profile_name="qwen-hicache", args=ARGS, env={}, message="fits the 449 GB node",
         node=big, report=evaluate(ARGS, big, model), model=model, actor=olga,
     )  # fmt: skip
-    first = launches.submit(node=big, revision=revision, actor=olga, gpus=[0, 1])
+    first = launching.submit(node=big, revision=revision, actor=olga, gpus=[0, 1])
     wait_until(lambda: KnownGoodStamp.objects.filter(launch=first).exists(), 90, 0.5)
-    launches.stop(first.pk, actor=olga)
+    ending.stop(first.pk, actor=olga)
 
     log_in(page, panel.url, "olga")
     page.get_by_role("link", name="Launch profiles").click()

@@ -1,5 +1,5 @@
 """Weights per rank from safetensors headers (nodes.domain.checkpoint) and the node-side header
-reader (nodes/remote/model_headers.py) on a sparse model folder."""
+reader (the node agent's ``model`` command, nodes/remote/agent.py) on a sparse model folder."""
 
 from __future__ import annotations
 
@@ -142,10 +142,9 @@ def test_the_node_script_reads_headers_only_and_groups_layers(tmp_path):
         for e in range(3)
     }
     _write_safetensors(tmp_path / "model-00001-of-00001.safetensors", tensors)
-    script = ROOT / "nodes/remote/model_headers.py"
+    script = (ROOT / "nodes/remote/agent.py").read_text()
     out = subprocess.run(
-        [sys.executable, "-", str(tmp_path)],
-        input=script.read_bytes(),
+        [sys.executable, "-c", script, "model", str(tmp_path)],
         capture_output=True,
         check=True,
     )
@@ -155,16 +154,14 @@ def test_the_node_script_reads_headers_only_and_groups_layers(tmp_path):
     ]
     assert doc["weights_bytes"] > 6 * 2 * 1024 * 1024
     again = subprocess.run(
-        [sys.executable, "-", str(tmp_path), doc["stamp"]],
-        input=script.read_bytes(),
+        [sys.executable, "-c", script, "model", str(tmp_path), doc["stamp"]],
         capture_output=True,
         check=True,
     )
     assert json.loads(again.stdout) == {"unchanged": True, "stamp": doc["stamp"]}
     (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"\x00" * 4)
     broken = subprocess.run(
-        [sys.executable, "-", str(tmp_path), doc["stamp"]],
-        input=script.read_bytes(),
+        [sys.executable, "-c", script, "model", str(tmp_path), doc["stamp"]],
         capture_output=True,
         check=True,
     )

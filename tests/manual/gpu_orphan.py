@@ -8,10 +8,10 @@ Run on the GPU machine itself, from a checkout of Rankwise (stdlib only; NVML th
 1. A parent process forks a child that allocates MIB of GPU memory through the CUDA driver API
    (``libcuda.so.1``: cuInit, cuCtxCreate, cuMemAlloc) and sleeps; the parent is then killed,
    so the child is orphaned (re-parented to PID 1 or the nearest subreaper).
-2. Rankwise's node-side GPU control (``nodes/remote/gpuctl.py``) inspects the node, and
+2. Rankwise's node agent (``nodes/remote/agent.py``) inspects the node, and
    ``nodes.domain.gpu_holders`` classifies the holders: the orphan must be found on the GPU,
    with its PPID, state and command.
-3. The cleanup step for a named foreign holder (SIGTERM, then SIGKILL; ``gpuctl signal``) ends
+3. The cleanup step for a named foreign holder (SIGTERM, then SIGKILL; ``agent signal``) ends
    it, and NVML must show the memory back within 10 s.
 
 It prints each reading and exits 0 when all three hold; the output belongs in
@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from nodes.domain import gpu_holders as gh  # noqa: E402
-from nodes.remote import gpuctl  # noqa: E402
+from nodes.remote import agent  # noqa: E402
 
 
 def used_mib(index: int) -> int:
@@ -116,7 +116,7 @@ def main() -> int:
     held = used_mib(args.gpu)
     print(f"GPU {args.gpu} with the orphan: {held} MiB used (+{held - before})")
 
-    raw = gpuctl.inspect([])
+    raw = agent.holders([])
     found = gh.holders(raw["processes"], nvml_gpus(), {})
     # The orphan kept the session its killed parent made (setsid): that is how it is told apart.
     orphans = [h for h in found if args.gpu in h.gpus and h.sid == parent]
@@ -128,9 +128,9 @@ def main() -> int:
         print("FAIL: inspect did not find the orphan")
         return 1
 
-    answer = gpuctl.send("TERM", 10, [str(h.pid) for h in orphans])
+    answer = agent.send("TERM", 10, [str(h.pid) for h in orphans])
     if answer["remaining"]:
-        answer = gpuctl.send("KILL", 5, [str(h.pid) for h in orphans])
+        answer = agent.send("KILL", 5, [str(h.pid) for h in orphans])
     print(f"cleanup: {json.dumps(answer)}")
     deadline = time.monotonic() + 10
     after = used_mib(args.gpu)

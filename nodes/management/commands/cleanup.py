@@ -21,7 +21,8 @@ from nodes.domain.launch_plan import PlanError, parse_gpu_list
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Launch, Node
 from nodes.models.choices import Role
-from nodes.services import cleanup, teams
+from nodes.services import holders, teams
+from nodes.workflows import cleanup
 
 
 class Command(OneLineCommand):
@@ -91,7 +92,7 @@ class Command(OneLineCommand):
                 "cleanup kills processes: confirm with --yes when not at a terminal", returncode=2
             )
         try:
-            found = cleanup.inspect(node, launch=launch)
+            found = holders.inspect(node, launch=launch)
         except ssh.RemoteError as exc:
             raise CommandError(f"{node.name}: {exc.message}") from None
         chosen = gpus or (launch.gpus if launch else [g.index for g in found.gpus])
@@ -101,9 +102,9 @@ class Command(OneLineCommand):
             self.stdout.write(f"  ends launch #{launch.pk}'s processes ({len(own)} now):")
             for h in own:
                 self.stdout.write(f"    PID {h.pid} ({h.state}): {h.command}")
-        holders = {h.pid: h for h in found.holders if set(h.gpus) & set(chosen)}
+        holding = {h.pid: h for h in found.holders if set(h.gpus) & set(chosen)}
         for pid in foreign:
-            holder = holders.get(pid)
+            holder = holding.get(pid)
             if holder is None:
                 self.stdout.write(f"  PID {pid} holds none of these GPUs: it will not be touched")
             else:

@@ -15,8 +15,7 @@ from django.core.management.base import CommandError, CommandParser
 from nodes.domain.bundle import BundleError
 from nodes.domain.redact import mask_assignments
 from nodes.management.cli import OneLineCommand
-from nodes.services.bundles import read_bundle
-from nodes.services.diagnoses import diagnose_bundle
+from nodes.services.bundles import diagnose_bundle, read_bundle
 
 
 class Command(OneLineCommand):

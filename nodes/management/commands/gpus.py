@@ -19,7 +19,7 @@ from nodes.domain.units import format_bytes
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models import Node
 from nodes.models.choices import Role
-from nodes.services import cleanup, teams
+from nodes.services import holders, teams
 
 
 class Command(OneLineCommand):
@@ -39,7 +39,7 @@ class Command(OneLineCommand):
         if node is None:
             raise CommandError(f"no node named {options['node']!r}", returncode=2)
         try:
-            found = cleanup.inspect(node)
+            found = holders.inspect(node)
         except ssh.RemoteError as exc:
             raise CommandError(f"{node.name}: {exc.message}") from None
         teams.mask_holders(actor, found.holders)

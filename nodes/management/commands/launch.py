@@ -26,7 +26,7 @@ from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_act
 from nodes.models import Launch, Node
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable
-from nodes.services import launches
+from nodes.workflows import launching
 
 PREFLIGHT_WAIT_S = 600
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -97,9 +97,9 @@ class Command(OneLineCommand):
             )
         try:
             revision = (
-                launches.resolve_profile(options["profile"], actor) if options["profile"] else None
+                launching.resolve_profile(options["profile"], actor) if options["profile"] else None
             )
-            launch = launches.submit(
+            launch = launching.submit(
                 node=node,
                 revision=revision,
                 command=command or None,
@@ -109,7 +109,7 @@ class Command(OneLineCommand):
                 timeout_s=math.ceil(timeout) if timeout else None,
                 port=options["port"],
             )
-        except launches.LaunchInputError as exc:
+        except launching.LaunchInputError as exc:
             raise CommandError(str(exc), returncode=2) from None
         except QueueUnavailable as exc:
             raise CommandError(f"{exc}; nothing was started") from None

@@ -28,11 +28,12 @@ from nodes.management.cli import (
 )
 from nodes.models import Node, SshCredential
 from nodes.models.choices import Role
-from nodes.queue import QueueUnavailable, enqueue
-from nodes.services import discovery
+from nodes.queue import QueueUnavailable, send
+from nodes.services import hostkeys
 from nodes.services.audit import record
 from nodes.services.credentials import create_credential, readable, replace_key
 from nodes.services.inventory import save_node
+from nodes.workflows import discovery
 
 
 class Command(OneLineCommand):
@@ -134,7 +135,7 @@ class Command(OneLineCommand):
             form = NodeForm(data)
             if not form.is_valid():
                 raise CommandError(_first_error(form))
-            node = save_node(form, actor=actor)
+            node = save_node(form.save, before=form.snapshot_before, actor=actor)
             if host_key is not None:
                 offered = Node.objects.filter(pk=node.pk)
                 offered.update(
@@ -142,7 +143,7 @@ class Command(OneLineCommand):
                     offered_host_key_fingerprint=host_key.fingerprint,
                 )
                 node.refresh_from_db()
-                discovery.trust_host_key(node, host_key.fingerprint, actor=actor)
+                hostkeys.trust_host_key(node, host_key.fingerprint, actor=actor)
         self.stderr.write(f"Added node {node.name} ({node.gpu_summary()}).")
         if host_key is not None:
             self.stderr.write(f"Trusted host key {host_key.fingerprint} of {node.host}.")
@@ -180,7 +181,7 @@ class Command(OneLineCommand):
         if node is None:
             raise CommandError(f"no node named {options['name']!r}")
         try:
-            key = discovery.offer_host_key(node, actor=actor)
+            key = hostkeys.offer_host_key(node, actor=actor)
         except ssh.RemoteError as exc:
             raise CommandError(exc.message) from None
         if not options["fingerprint"]:
@@ -193,7 +194,7 @@ class Command(OneLineCommand):
             return
         node.refresh_from_db()
         try:
-            discovery.trust_host_key(node, options["fingerprint"], actor=actor)
+            hostkeys.trust_host_key(node, options["fingerprint"], actor=actor)
         except ssh.RemoteError:
             raise CommandError(
                 f"--fingerprint: {node.name} presents {key.fingerprint}, not "
@@ -235,7 +236,7 @@ class Command(OneLineCommand):
                 raise CommandError(
                     "no Celery worker answers: start the panel (./run) or use --inline"
                 )
-            result = enqueue("nodes.discover_node", node.pk)
+            result = send("nodes.discover_node", node.pk)
         except (OperationalError, RedisError, QueueUnavailable):
             raise CommandError("the task queue (Redis) does not answer; try --inline") from None
         record("node.discover", actor=actor, obj=node)

@@ -30,7 +30,8 @@ from nodes.domain.sglang_flags import split_command
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.models import Node, ProfileRevision
 from nodes.models.choices import Role
-from nodes.services import launches, profiles
+from nodes.services import profiles
+from nodes.workflows import launching
 
 MAX_MESSAGE = 500  # as the form's "What changed"
 
@@ -165,8 +166,8 @@ class Command(OneLineCommand):
     def show(self, options: dict[str, Any]) -> None:
         actor = self.actor(options["actor"], Role.VIEWER)
         try:
-            revision = launches.resolve_profile(options["spec"], actor)
-        except launches.LaunchInputError as exc:
+            revision = launching.resolve_profile(options["spec"], actor)
+        except launching.LaunchInputError as exc:
             self.refuse(str(exc))
         if revision.profile.adhoc:
             self.refuse(f"no profile named {revision.profile.name!r}")

@@ -14,7 +14,7 @@ from django.core.management.base import CommandError, CommandParser
 
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models.choices import LaunchStatus, Role
-from nodes.queue import QueueUnavailable, enqueue
+from nodes.queue import QueueUnavailable, send
 from nodes.services import teams
 
 STOP_WAIT_S = 300
@@ -34,7 +34,7 @@ class Command(OneLineCommand):
         if launch is None:
             raise CommandError(f"no launch #{options['id']}", returncode=2)
         try:
-            result = enqueue("nodes.stop_launch", launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
+            result = send("nodes.stop_launch", launch.pk, actor.pk).get(timeout=STOP_WAIT_S)
         except QueueUnavailable as exc:
             raise CommandError(f"{exc}; nothing was stopped") from None
         except CeleryTimeout:

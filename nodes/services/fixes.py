@@ -1,9 +1,6 @@
-"""Diagnoses of launches and of uploaded bundles, and the one-click fix a diagnosis suggests.
-
-The engine is ``nodes.domain.diagnosis``; this module feeds it a launch's bundle, stores the
-answer on the launch (``diagnosis``, ``diagnosis_category``) and turns the remedy into a new
-profile revision, re-validated by the budget engine before it is saved.
-"""
+"""The one-click fix a diagnosis suggests: its flag changes applied to the launch's revision and
+re-validated by the budget engine against the node as it was before the launch, then saved as
+the profile's next revision."""
 
 from __future__ import annotations
 
@@ -15,49 +12,20 @@ from django.http import HttpRequest
 
 from nodes.domain import remedy
 from nodes.domain.budget import BudgetReport
-from nodes.domain.diagnosis import Diagnosis, diagnose
-from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
-from nodes.flag_tables import table
-from nodes.models import Launch, ProfileRevision
-from nodes.models.choices import LaunchStatus
-from nodes.services import bundles, profiles, teams
-from nodes.services.profiles import DEFAULT_VERSION
+from nodes.flag_tables import DEFAULT_VERSION, table
+from nodes.models import (
+    Launch,
+    ProfileRevision,
+)
+from nodes.models.choices import (
+    LaunchStatus,
+)
+from nodes.services import model_facts, profiles
 
 Actor = AbstractBaseUser | AnonymousUser
 
 
-def diagnose_bundle(log_text: str, facts: dict[str, Any]) -> Diagnosis:
-    """The diagnosis of a bundle (``launch.log`` text, ``facts.json``): the command's flags are
-    read as the bundle's engine version parses them."""
-    command = facts.get("command") or []
-    try:
-        argv, _ = split_command([str(w) for w in command] if isinstance(command, list) else [])
-    except ValueError:
-        argv = []
-    version = facts.get("engine_version")
-    if not (isinstance(version, str) and VERSION_TEXT.fullmatch(version)):
-        version = DEFAULT_VERSION  # an engine version we cannot read: parse as the default does
-    return diagnose(log_text, facts, parse_command(argv, table(version)).values)
-
-
-def diagnose_launch(launch_id: int) -> Diagnosis | None:
-    """Diagnose a failed launch from what the panel holds (log, facts, snapshots) and store the
-    answer with the flag changes its remedy suggests. ``None`` if the launch did not fail."""
-    launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
-    if launch.status != "failed":
-        return None
-    found = diagnose_bundle(bundles.launch_log_text(launch), bundles.facts_of(launch))
-    doc = found.to_json()
-    doc["changes"] = remedy.changes_for(found.category, found.numbers, _budget_suggestion(launch))
-    doc["fix_check"] = _fix_check(launch, doc["changes"])
-    first = launch.diagnosis is None
-    Launch.objects.filter(pk=launch_id).update(diagnosis=doc, diagnosis_category=found.category)
-    if first:
-        teams.launch_event(launch, "launch.failed", f"{found.category}: {found.summary}")
-    return found
-
-
-def _fix_check(launch: Launch, changes: dict[str, Any]) -> dict[str, Any] | None:
+def fix_check(launch: Launch, changes: dict[str, Any]) -> dict[str, Any] | None:
     """The budget's verdict on the flags after ``changes`` (``{"verdict", "blocks"}``), so the
     page offers only a fix that re-validation accepts."""
     if not changes:
@@ -77,18 +45,19 @@ def _fix_check(launch: Launch, changes: dict[str, Any]) -> dict[str, Any] | None
     }
 
 
-def _budget_suggestion(launch: Launch) -> dict[str, Any] | None:
+def budget_suggestion(launch: Launch) -> dict[str, Any] | None:
     """What the budget engine suggests for the command that ran, on the node it ran on (its
     largest fitting --hicache-size, the mem-fraction-static the weights need), if anything."""
     report = _evaluate(launch, list(launch.revision.args))
     return dict(report.suggestion) if report.suggestion else None
 
 
-def _evaluate(launch: Launch, args: list[str]) -> BudgetReport:
+def _evaluate(launch: Launch, args: list[str], wait: float | None = None) -> BudgetReport:
     """The budget of ``args`` on the launch's node as it was before the launch: what a failure
-    left held (leaked GPU memory, pinned host pages) is not room the fix can count on."""
+    left held (leaked GPU memory, pinned host pages) is not room the fix can count on. The
+    model is read as ``model_facts`` reads it with ``wait``."""
     node = launch.node
-    model = profiles.model_of(node, args)
+    model = model_facts.model_of(node, args, wait=wait)
     memory = profiles.node_memory(node)
     first = (launch.memory_timeline or [{}])[0]
     before = {int(k): int(v) for k, v in (launch.gpu_used_before or {}).items()}
@@ -153,7 +122,7 @@ def stored(launch: Launch) -> dict[str, Any] | None:
     }
 
 
-def suggested_fix(launch: Launch) -> Fix:
+def suggested_fix(launch: Launch, *, wait: float | None = None) -> Fix:
     """The fix of ``launch``'s stored diagnosis, checked against its node now. Raises
     ``FixError`` when the launch did not fail, has no diagnosis or it suggests no flag change."""
     if launch.status != LaunchStatus.FAILED:
@@ -168,17 +137,21 @@ def suggested_fix(launch: Launch) -> Fix:
         args = remedy.with_changes(list(launch.revision.args), doc["changes"], version)
     except ValueError as exc:
         raise FixError(f"the suggested change cannot be applied: {exc}") from None
-    return Fix(doc["changes"], args, _evaluate(launch, args))
+    return Fix(doc["changes"], args, _evaluate(launch, args, wait))
 
 
 def apply_fix(
-    launch: Launch, *, actor: Actor, request: HttpRequest | None = None
+    launch: Launch,
+    *,
+    actor: Actor,
+    request: HttpRequest | None = None,
+    wait: float | None = None,
 ) -> tuple[ProfileRevision, bool]:
     """Save the suggested fix as the profile's next revision (on the launch's node), after
     re-validating it; ``(revision, True)``. When the profile's latest revision already is the
     fix (a second click), ``(that revision, False)``. Raises ``FixError`` when there is nothing
-    to apply or the budget blocks it."""
-    fix = suggested_fix(launch)
+    to apply or the budget blocks it. The model is read with ``wait`` (as ``model_facts``)."""
+    fix = suggested_fix(launch, wait=wait)
     if fix.report.verdict == "block":
         blocks = "; ".join(m.text for m in fix.report.messages if m.level == "block")
         raise FixError(f"the suggested change is still blocked on {launch.node.name}: {blocks}")
@@ -187,7 +160,7 @@ def apply_fix(
     if latest is not None and list(latest.args) == fix.args and dict(latest.env or {}) == env:
         return latest, False
     node = launch.node
-    model = profiles.model_of(node, fix.args)
+    model = model_facts.model_of(node, fix.args, wait=wait)
     category = (stored(launch) or {}).get("category") or "diagnosis"
     revision = profiles.save_revision(
         profile_name=launch.revision.profile.name,

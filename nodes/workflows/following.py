@@ -4,21 +4,19 @@ when it answers, watch its health, and notice when it dies or its node goes away
 One follower per launch holds a lease (``worker_token``/``worker_beat`` on the row); a follower
 whose worker died is replaced by the reconciler once the lease is stale. Lines are stored with
 the byte offset they end at in one conditional update, so two followers can never both store
-the same bytes, and a new one continues exactly where the record ends.
-"""
+the same bytes, and a new one continues exactly where the record ends."""
 
 from __future__ import annotations
 
 import gzip
 import io
 import logging
-import secrets
+import secrets as pysecrets
 import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
-import redis
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -27,44 +25,48 @@ from nodes import ssh
 from nodes.domain import launch_plan as plan
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
-from nodes.domain.redact import mask_text, masked_lines, secret_values
+from nodes.domain.redact import (
+    mask_text,
+    masked_lines,
+    secret_values,
+)
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
-from nodes.models import Launch, LaunchLogLine
-from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, NodeStatus
-from nodes.services import calibrations, diagnoses, hostkeys, launches, stamps, teams
+from nodes.live import publish
+from nodes.models import (
+    Launch,
+    LaunchLogLine,
+)
+from nodes.models.choices import (
+    LAUNCH_ENDED,
+    LaunchStatus,
+    NodeStatus,
+)
+from nodes.queue import later
+from nodes.remote import client as agent
+from nodes.services import calibrations, hostkeys, launch_state, notifications, teardown
 from nodes.services.credentials import target_for
+from nodes.services.launch_flags import flags_for
+from nodes.services.launch_state import known_good_due
 
 log = logging.getLogger(__name__)
+
 HEAD_LINES_KEPT = 1000
-# How often the node is asked whether the launch's processes live: often while it starts or
-# ends, less once it serves (each ask starts a small Python on the node).
+
+# How often the follower looks at what the node's watch said of the launch's processes: every
+# second while it starts or ends, every five once it serves. The watch itself re-reads the
+# group every STATUS_EVERY_S and reports only changes (and a beat).
 STATUS_EVERY_S = 1.0
 STATUS_EVERY_READY_S = 5.0
+#: A watch that said nothing this long (its lines come every few seconds) is restarted.
+WATCH_QUIET_S = 30.0
+
 HEALTH_FAILURES_TOLERATED = 3
+
 HEALTH_TIMEOUT_S = 25.0  # SGLang's /health waits up to 20 s for a generation (§5)
-_redis: redis.Redis | None = None
 
 
 class LeaseLost(Exception):
     """Another follower took the launch over; this one stops without writing."""
-
-
-def channel(launch_id: int) -> str:
-    return f"rankwise:launch:{launch_id}"
-
-
-def notify(launch_id: int, seq: int) -> None:
-    """Tell live viewers that lines up to ``seq`` are stored. Redis being down only makes the
-    viewers fall back to reading the database on a timer."""
-    global _redis
-    try:
-        if _redis is None:
-            _redis = redis.Redis.from_url(
-                settings.REDIS_URL, socket_connect_timeout=1, socket_timeout=1
-            )
-        _redis.publish(channel(launch_id), str(seq))
-    except redis.RedisError:
-        _redis = None
 
 
 def follow(launch_id: int) -> None:
@@ -74,7 +76,10 @@ def follow(launch_id: int) -> None:
 class Follower:
     def __init__(self, launch_id: int) -> None:
         self.launch_id = launch_id
-        self.token = secrets.token_hex(8)
+        self.token = pysecrets.token_hex(8)
+        self.stamp_queued = False
+        # When the follower next looks at the group, checks health, samples memory (monotonic s).
+        self.next_beat = self.next_check = self.next_health = self.next_sample = 0.0
         self.down_since: float | None = None
 
     # --- lease -----------------------------------------------------------------------------
@@ -88,7 +93,7 @@ class Follower:
         return Launch.objects.select_related("node", "revision").get(pk=self.launch_id)
 
     def run(self) -> None:
-        if not launches.claim(self.launch_id, self.token, tuple(LaunchStatus)):
+        if not launch_state.claim(self.launch_id, self.token, tuple(LaunchStatus)):
             return
         try:
             while True:
@@ -119,16 +124,15 @@ class Follower:
         if exc.kind == "host_key_mismatch":
             self._key_changed(launch, exc)
         elif lost and launch.status not in LAUNCH_ENDED:  # noqa: SIM102 — the update decides
-            if Launch.objects.filter(
-                pk=launch.pk,
-                status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
-            ).update(
-                status=LaunchStatus.LOST,
+            if launch_state.transition(
+                launch.pk,
+                LaunchStatus.LOST,
+                frm=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
                 resume_status=launch.status,
                 lost_since=timezone.now(),
                 reason=f"{launch.node.name} has not answered for {away:.0f} s: {exc.message}",
             ):
-                teams.launch_event(Launch.objects.get(pk=launch.pk), "launch.lost")
+                notifications.launch_event(Launch.objects.get(pk=launch.pk), "launch.lost")
         if launch.status in LAUNCH_ENDED and away > 600:
             # An ended launch whose node never came back: what was stored is all there is.
             Launch.objects.filter(pk=launch.pk).update(log_complete=True)
@@ -160,8 +164,10 @@ class Follower:
             reason=f"{launch.node.name}'s new host key is trusted; following resumed"
         )
         if launch.status == LaunchStatus.LOST:
-            Launch.objects.filter(pk=launch.pk, status=LaunchStatus.LOST).update(
-                status=launch.resume_status or LaunchStatus.STARTING,
+            launch_state.transition(
+                launch.pk,
+                launch.resume_status or LaunchStatus.STARTING,
+                frm=[LaunchStatus.LOST],
                 lost_since=None,
                 reason=f"{launch.node.name} answers again; following resumed",
             )
@@ -178,81 +184,123 @@ class Follower:
             client.close()
 
     def _follow(self, launch: Launch, client: Any) -> None:
-        status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
+        status = agent.status(client, launch.remote_dir, timeout=10)  # where the log is
         launch = self._back(launch)
+        self._resume(launch)
+        splitter = LineSplitter()
+        stream = ssh.stream(client, ["tail", "-c", f"+{self.offset + 1}", "-F", status.log])
+        # One agent on the node reports what changed, instead of a status command a second;
+        # it reports often enough for the memory timeline's samples.
+        beat = min(STATUS_EVERY_READY_S, settings.RANKWISE_MEMORY_SAMPLE_SECONDS)
+        watch = agent.Watch(client, launch.remote_dir, STATUS_EVERY_S, beat)
+        try:
+            while True:
+                self._read_log(launch, stream, splitter)
+                now = time.monotonic()
+                if now < self.next_beat:
+                    continue
+                self.next_beat = now + STATUS_EVERY_S
+                launch = self._beat()
+                if self._group_ended(launch, watch, splitter, now):
+                    return
+                self._starting_or_serving(launch, client, watch, now)
+        finally:
+            stream.close()
+            watch.close()
+
+    def _resume(self, launch: Launch) -> None:
+        """Pick up where the record ends (a new connection, a new follower)."""
         self.offset, self.seq = launch.log_offset, launch.last_seq
         self.secrets = secret_values(list(launch.revision.args), dict(launch.revision.env or {}))
         self.progress = Progress.from_json(launch.progress)
         # Parsed once per connection: health polls read the API key and --enable-metrics.
-        self.flags = launches.flags_for(launch.revision, launch.node)
+        self.flags = flags_for(launch.revision, launch.node)
         self.health_failures = 0
         self.ranks_seen: dict[int, str] = {}
-        splitter = LineSplitter()
-        stream = ssh.stream(client, ["tail", "-c", f"+{self.offset + 1}", "-F", status["log"]])
-        next_beat = next_check = next_health = next_sample = 0.0
-        quiet_since = time.monotonic()
-        try:
-            while True:
-                data = stream.read(0.1)
-                if data is None:
-                    raise ssh.RemoteError("unreachable", "the log stream ended")
-                if data:
-                    quiet_since = time.monotonic()
-                    self._store(launch, splitter.feed(data))
-                    if advance(self.progress, splitter.pending, partial=True):
-                        self._save_progress(launch)
-                now = time.monotonic()
-                if now < next_beat:
-                    continue
-                next_beat = now + STATUS_EVERY_S
-                launch = self._beat()
-                if launch.node.status == NodeStatus.HOST_KEY_CHANGED:
-                    # This connection predates the change; nothing more goes over it.
-                    raise ssh.RemoteError("host_key_mismatch", launch.node.status_reason)
-                if launch.status != LaunchStatus.READY or now >= next_check:
-                    next_check = now + STATUS_EVERY_READY_S
-                    status = launches.ctl(client, "status", launch.remote_dir, timeout=10)
-                    if not status["alive"]:
-                        if not self._drained(launch, status, splitter, quiet_since):
-                            continue
-                        self._ended(launch, status)
-                        return
-                    self._check_ranks(launch, status)
-                if launch.status in (LaunchStatus.STARTING, LaunchStatus.LOADING):
-                    if now >= next_sample:
-                        next_sample = now + settings.RANKWISE_MEMORY_SAMPLE_SECONDS
-                        launches.sample_memory(launch)
-                    if self._started_too_long(launch):
-                        launches.fail(
-                            launch.pk,
-                            f"start-up did not reach ready within {launch.startup_timeout_s} s "
-                            f"(last phase: {self.progress.phase or 'none'})",
-                        )
-                    elif self.progress.ready_line_seen:
-                        self._try_ready(launch, client)
-                elif launch.status == LaunchStatus.READY and now >= next_health:
-                    next_health = now + settings.RANKWISE_HEALTH_SECONDS
-                    self._health(launch, client)
-        finally:
-            stream.close()
+        self.next_beat = self.next_check = self.next_health = self.next_sample = 0.0
+        self.sampled: float | None = None
+        self.quiet_since = time.monotonic()
 
-    def _check_ranks(self, launch: Launch, status: dict[str, Any]) -> None:
+    def _read_log(self, launch: Launch, stream: ssh.Stream, splitter: LineSplitter) -> None:
+        data = stream.read(0.1)
+        if data is None:
+            raise ssh.RemoteError("unreachable", "the log stream ended")
+        if data:
+            self.quiet_since = time.monotonic()
+            self._store(launch, splitter.feed(data))
+            if advance(self.progress, splitter.pending, partial=True):
+                self._save_progress(launch)
+
+    def _group_ended(
+        self, launch: Launch, watch: agent.Watch, splitter: LineSplitter, now: float
+    ) -> bool:
+        """True once the process group is gone and every line is stored; fails the launch
+        when a rank died. Raises ``RemoteError`` when the node can no longer be trusted or its
+        agent went quiet."""
+        if launch.node.status == NodeStatus.HOST_KEY_CHANGED:
+            # This connection predates the change; nothing more goes over it.
+            raise ssh.RemoteError("host_key_mismatch", launch.node.status_reason)
+        watch.poll()
+        if watch.quiet_for() > WATCH_QUIET_S:
+            raise ssh.RemoteError(
+                "timeout", f"the node agent's watch said nothing for {WATCH_QUIET_S:g} s"
+            )
+        status = watch.latest
+        if status is None or (launch.status == LaunchStatus.READY and now < self.next_check):
+            return False
+        self.next_check = now + STATUS_EVERY_READY_S
+        if status.alive:
+            self._check_ranks(launch, status)
+            return False
+        if not self._drained(launch, status, splitter):
+            return False
+        self._ended(launch, status)
+        return True
+
+    def _starting_or_serving(
+        self, launch: Launch, client: Any, watch: agent.Watch, now: float
+    ) -> None:
+        if launch.status in (LaunchStatus.STARTING, LaunchStatus.LOADING):
+            if now >= self.next_sample:
+                self.next_sample = now + settings.RANKWISE_MEMORY_SAMPLE_SECONDS
+                self._sample(launch, watch.latest)
+            if self._started_too_long(launch):
+                teardown.fail(
+                    launch.pk,
+                    f"start-up did not reach ready within {launch.startup_timeout_s} s "
+                    f"(last phase: {self.progress.phase or 'none'})",
+                )
+            elif self.progress.ready_line_seen:
+                self._try_ready(launch, client)
+        elif launch.status == LaunchStatus.READY and now >= self.next_health:
+            self.next_health = now + settings.RANKWISE_HEALTH_SECONDS
+            self._health(launch, client)
+
+    def _sample(self, launch: Launch, status: agent.GroupStatus | None) -> None:
+        """Add the memory the watch last reported to the launch's timeline (a live probe where
+        the node has no NVML for the watch to read)."""
+        if status is None or status.memory is None or status.gpu_used is None:
+            teardown.sample_memory(launch)
+        elif status.time != self.sampled:
+            self.sampled = status.time
+            used = {int(i): b for i, b in status.gpu_used.items()}
+            teardown.add_sample(launch, dict(status.memory), used)
+
+    def _check_ranks(self, launch: Launch, status: agent.GroupStatus) -> None:
         """A TP rank that died (a kernel OOM kill, a crash) while the main process lives: SGLang
         ≤ 0.5.9 would wait on it for ever (§4), so the launch fails now, not at the timeout."""
-        dead = plan.dead_ranks(self.ranks_seen, status.get("members", []))
+        dead = plan.dead_ranks(self.ranks_seen, status.members)
         running = (LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY)
         if dead and launch.status in running:
             when = "while serving" if launch.status == LaunchStatus.READY else "during start-up"
-            launches.fail(launch.pk, f"{', '.join(dead)} died {when}")
+            teardown.fail(launch.pk, f"{', '.join(dead)} died {when}")
 
-    def _drained(
-        self, launch: Launch, status: dict[str, Any], splitter: LineSplitter, quiet_since: float
-    ) -> bool:
+    def _drained(self, launch: Launch, status: agent.GroupStatus, splitter: LineSplitter) -> bool:
         """Every byte the dead server wrote is stored (a last line without ``\\n`` included)."""
-        size = status.get("log_size") or 0
+        size = status.log_size or 0
         if self.offset >= size:
             return True
-        if time.monotonic() - quiet_since < 1.0:
+        if time.monotonic() - self.quiet_since < 1.0:
             return False
         rest = size - self.offset
         tail = splitter.feed(b"\n")
@@ -260,12 +308,12 @@ class Follower:
             self._store(launch, [Piece(tail[0].text, rest)])
         return self.offset >= size
 
-    def _ended(self, launch: Launch, status: dict[str, Any]) -> None:
+    def _ended(self, launch: Launch, status: agent.GroupStatus) -> None:
         """The process group is gone and every line is stored."""
         launch.refresh_from_db()
         if launch.status not in LAUNCH_ENDED and launch.status != LaunchStatus.STOPPING:
-            code = status.get("exit_status")
-            launches.fail(
+            code = status.exit_status
+            teardown.fail(
                 launch.pk,
                 f"the server exited with status {code}"
                 if code is not None
@@ -275,8 +323,9 @@ class Follower:
         if launch.lines_dropped:
             self._archive(launch)
         # The whole log is stored now: diagnose again with every line the server wrote.
-        diagnoses.diagnose_launch(launch.pk)
-        notify(self.launch_id, self.seq)
+        if Launch.objects.filter(pk=launch.pk, status=LaunchStatus.FAILED).exists():
+            later("nodes.diagnose_launch", launch.pk)
+        publish(self.launch_id, self.seq)
 
     def _started_too_long(self, launch: Launch) -> bool:
         started = launch.started or launch.created
@@ -320,7 +369,7 @@ class Follower:
         if changed:
             self._loading(launch)
         if rows:
-            notify(self.launch_id, self.seq)
+            publish(self.launch_id, self.seq)
 
     def _trim(self, last: int) -> int:
         keep = settings.RANKWISE_LOG_LINES_MAX
@@ -336,12 +385,12 @@ class Follower:
     def _save_progress(self, launch: Launch) -> None:
         Launch.objects.filter(pk=self.launch_id).update(progress=self.progress.to_json())
         self._loading(launch)
-        notify(self.launch_id, self.seq)
+        publish(self.launch_id, self.seq)
 
     def _loading(self, launch: Launch) -> None:
         if self.progress.phase:
-            Launch.objects.filter(pk=self.launch_id, status=LaunchStatus.STARTING).update(
-                status=LaunchStatus.LOADING
+            launch_state.transition(
+                self.launch_id, LaunchStatus.LOADING, frm=[LaunchStatus.STARTING]
             )
 
     def _archive(self, launch: Launch) -> None:
@@ -383,7 +432,6 @@ class Follower:
             Launch.objects.filter(pk=launch.pk).exclude(reason=waiting).update(reason=waiting)
             return
         fields: dict[str, Any] = {
-            "status": LaunchStatus.READY,
             "ready_at": timezone.now(),
             "health_at": timezone.now(),
             "server_info": info,
@@ -392,12 +440,15 @@ class Follower:
         metrics = self._metrics(launch, client)
         if metrics is not None:
             fields["metrics"] = metrics
-        if Launch.objects.filter(
-            pk=launch.pk, status__in=[LaunchStatus.STARTING, LaunchStatus.LOADING]
-        ).update(**fields):
-            teams.launch_event(Launch.objects.get(pk=launch.pk), "launch.ready")
+        if launch_state.transition(
+            launch.pk,
+            LaunchStatus.READY,
+            frm=[LaunchStatus.STARTING, LaunchStatus.LOADING],
+            **fields,
+        ):
+            notifications.launch_event(Launch.objects.get(pk=launch.pk), "launch.ready")
             calibrations.record_ready(launch.pk)
-        notify(self.launch_id, self.seq)
+        publish(self.launch_id, self.seq)
 
     def _server_info(self, launch: Launch, client: Any) -> dict[str, Any] | None:
         """The effective settings (``/get_server_info``, or ``/server_info`` where the old
@@ -441,11 +492,13 @@ class Follower:
                 fields["metrics"] = metrics
             Launch.objects.filter(pk=launch.pk).update(**fields)
             launch.refresh_from_db()
-            stamps.stamp_if_due(launch)
+            if known_good_due(launch) and not self.stamp_queued:
+                later("nodes.stamp_launch", launch.pk)
+                self.stamp_queued = True
             return
         self.health_failures += 1
         if self.health_failures >= HEALTH_FAILURES_TOLERATED:
-            launches.fail(
+            teardown.fail(
                 launch.pk, f"health check failed {self.health_failures} times in a row: {problem}"
             )
 

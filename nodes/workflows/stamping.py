@@ -1,36 +1,28 @@
 """Known-good stamps: a revision that reached ``ready`` on a node and stayed healthy for
 ``RANKWISE_KNOWN_GOOD_SECONDS`` is stamped there, with the hardware and the footprint the server
-really had beside the estimate. Stamps are never removed by later failures elsewhere.
-"""
+really had beside the estimate. Stamps are never removed by later failures elsewhere."""
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from nodes import ssh
-from nodes.models import KnownGoodStamp, Launch
-from nodes.models.choices import LaunchStatus
-from nodes.services import discovery
+from nodes.models import (
+    KnownGoodStamp,
+    Launch,
+)
+from nodes.services import readings
 from nodes.services.audit import record
-
-
-def due(launch: Launch) -> bool:
-    """Ready, healthy at the last check, and ready for at least the known-good window."""
-    if launch.status != LaunchStatus.READY or launch.ready_at is None:
-        return False
-    window = timedelta(seconds=settings.RANKWISE_KNOWN_GOOD_SECONDS)
-    return timezone.now() >= launch.ready_at + window and launch.health_at is not None
+from nodes.services.launch_state import known_good_due
 
 
 def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
     """Stamp ``launch``'s revision known-good on its node once it is due; at most once per
     launch. The GPUs' memory is read now (a live probe), less what they held before."""
-    if not due(launch) or KnownGoodStamp.objects.filter(launch=launch).exists():
+    if not known_good_due(launch) or KnownGoodStamp.objects.filter(launch=launch).exists():
         return None
     node = launch.node
     gpus = {g.index: g for g in node.gpus.all()}
@@ -38,7 +30,7 @@ def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
     if not chosen:
         return None
     try:
-        facts = discovery.probe(node, live=True, timeout=20)
+        facts = readings.probe(node, live=True, timeout=20)
         used = {g.index: g.memory_used_bytes for g in facts.gpus if g.index in launch.gpus}
     except ssh.RemoteError:
         used = {}

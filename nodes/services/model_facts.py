@@ -1,0 +1,222 @@
+"""What a model is, for the budget: its geometry and checkpoint size from a pasted config.json,
+or from what the node agent read of the folder on the node (config.json and the safetensors
+headers, never the tensors), kept as a ``ModelReading``.
+
+Pages never wait on the node: they ask with ``wait`` (seconds), which queues the read for a
+worker (``nodes.read_model``) and waits at most that long for the stored answer (not at all
+inside a transaction), else answers ``pending`` ("reading … on …") and the page polls.
+Workers and the CLI read in place (``wait=None``). A reading is fresh for ``GEOMETRY_TTL_S``;
+after that the folder is asked again with its stamp (total size, newest mtime), and the
+headers are read again only when the stamp changed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, replace
+from datetime import timedelta
+from typing import Any
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
+from nodes.domain.sglang_flags import parse_command
+from nodes.flag_tables import table
+from nodes.models import ModelReading, Node
+from nodes.models.choices import NodeStatus
+from nodes.queue import QueueUnavailable, send
+from nodes.remote import client as agent
+from nodes.services.credentials import target_for
+
+GEOMETRY_TTL_S = 600
+ERROR_TTL_S = 30  # a folder that could not be read is asked again soon: it may be copied now
+#: A read queued this long ago without an answer (its worker died) is queued again.
+REQUEST_STALE_S = 60
+POLL_S = 0.2
+#: What each agent problem means, said of ``{path}`` on ``{node}``.
+PROBE_PROBLEMS = {
+    "no-folder": "no model folder at {path} on {node}",
+    "no-config": "no config.json in {path} on {node}",
+    "denied": "{path} on {node} may not be read (permission denied)",
+    "bad-config": "{path}/config.json on {node} is not a JSON object",
+    "unreadable": "{path} on {node} could not be read",
+}
+#: Why a viewer's check shows no model geometry: reading on a node needs the operator role.
+NOT_READ_FOR_VIEWERS = "not read (reading the model on the node needs the operator role)"
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """The model's geometry and checkpoint size (bytes), and where they came from (for the
+    page). ``pending``: a worker is reading it on the node; ask again in a moment."""
+
+    geometry: ModelGeometry | None
+    weights_bytes: int | None
+    source: str
+    pending: bool = False
+
+
+def model_facts(
+    node: Node,
+    model_path: str,
+    pasted_config: str = "",
+    *,
+    read_node: bool = True,
+    wait: float | None = None,
+) -> ModelFacts:
+    """The geometry from a pasted config.json, else as read on the node: in place when
+    ``wait`` is None, else by a worker within ``wait`` s. With ``wait=0`` (a page that polls)
+    it is ``pending`` until the worker answered; with more, a save goes on without the geometry
+    when it did not answer in time ("not read from gpu-01: no worker read it within 30 s"), as
+    for a node that is away. Nothing is read when ``read_node`` is false (a viewer's check:
+    nothing runs on the node for them). A problem is said in ``source`` in plain words ("no
+    model folder at /x on gpu-01")."""
+    if pasted_config.strip():
+        return _pasted(pasted_config)
+    if not model_path or not node.host_key:
+        return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
+    if not read_node:
+        return ModelFacts(None, None, NOT_READ_FOR_VIEWERS)
+    if node.status == NodeStatus.HOST_KEY_CHANGED:
+        # Not even a stored reading: what the node holds now cannot be known safely.
+        why = node.status_reason or "its host key changed"
+        return ModelFacts(None, None, f"not read: {node.name} cannot be reached safely: {why}")
+    reading = _fresh(node, model_path)
+    if reading is not None:
+        return _facts(node, model_path, reading)
+    if wait is None:
+        return _facts(node, model_path, read_now(node, model_path))
+    reading, waited = _awaited(node, model_path, wait)
+    if reading is not None:
+        return _facts(node, model_path, reading)
+    if not wait:
+        return ModelFacts(None, None, f"reading {model_path} on {node.name}…", pending=True)
+    # A save goes on without the geometry, as for a node that is away.
+    why = f"no worker had read it after {waited:g} s"
+    return ModelFacts(None, None, f"not read from {node.name}: {why}")
+
+
+def model_of(
+    node: Node, args: list[str], *, read_node: bool = True, wait: float | None = None
+) -> ModelFacts:
+    """The geometry of the model ``args`` serve (their ``--model-path``), read on ``node``
+    as ``model_facts`` reads it."""
+    flags = parse_command(list(args), table(node.sglang_version))
+    path = str(flags.get("model_path", default="") or "")
+    return model_facts(node, path, read_node=read_node, wait=wait)
+
+
+def read_now(node: Node, model_path: str) -> ModelReading:
+    """Ask the node's agent for the folder (with the stamp of what it read before) and store
+    the answer or the reason it could not be read. Never raises for the node."""
+    row = _row(node, model_path)
+    before = row.answer if isinstance(row.answer, dict) and row.host == node.host else None
+    stamp = str(before.get("stamp") or "") if before else ""
+    try:
+        with ssh.pool.session(target_for(node)) as conn:
+            answer, error = agent.model_folder(conn, model_path, stamp or None), ""
+    except ssh.RemoteError as exc:
+        answer, error = None, _why_not(node, exc)
+    if answer is not None and answer.unchanged and before:
+        doc: dict[str, Any] | None = before
+    elif answer is not None and answer.config is not None:
+        doc = answer.to_json()
+    else:
+        doc = None
+        if answer is not None:
+            words = PROBE_PROBLEMS.get(str(answer.problem), PROBE_PROBLEMS["unreadable"])
+            error = words.format(path=model_path, node=node.name)
+    ModelReading.objects.filter(pk=row.pk).update(
+        host=node.host, answer=doc, error=error, read_at=timezone.now(), requested_at=None
+    )
+    row.refresh_from_db()
+    return row
+
+
+def _pasted(text: str) -> ModelFacts:
+    try:
+        return ModelFacts(from_config(json.loads(text)), None, "pasted config.json")
+    except RecursionError:
+        return ModelFacts(None, None, "the pasted config.json is nested too deeply")
+    except (ValueError, GeometryError) as exc:
+        return ModelFacts(None, None, f"the pasted config.json is unusable: {str(exc)[:200]}")
+
+
+def _why_not(node: Node, exc: ssh.RemoteError) -> str:
+    if exc.kind == "command_failed":
+        # What the interpreter printed is for the node's admin, not the page.
+        if exc.exit_status is not None:
+            return (
+                f"not read from {node.name}: the model probe failed (exit status {exc.exit_status})"
+            )
+        return f"not read from {node.name}: unexpected output"
+    return f"not read from {node.name}: {exc.message}"
+
+
+def _row(node: Node, model_path: str) -> ModelReading:
+    try:
+        with transaction.atomic():
+            row, _ = ModelReading.objects.get_or_create(
+                node=node, model_path=model_path, defaults={"host": node.host}
+            )
+    except IntegrityError:  # made a moment ago by another request
+        row = ModelReading.objects.get(node=node, model_path=model_path)
+    return row
+
+
+def _fresh(node: Node, model_path: str) -> ModelReading | None:
+    """The stored reading, if it is recent enough to use and of the node's current address."""
+    row = ModelReading.objects.filter(node=node, model_path=model_path, host=node.host).first()
+    if row is None or row.read_at is None:
+        return None
+    ttl = GEOMETRY_TTL_S if row.answer else ERROR_TTL_S
+    return row if timezone.now() - row.read_at < timedelta(seconds=ttl) else None
+
+
+def _awaited(node: Node, model_path: str, wait: float) -> tuple[ModelReading | None, float]:
+    """Queue a worker's read (once per ``REQUEST_STALE_S``) and wait at most ``wait`` s for a
+    reading fresher than the request; ``(reading or None, seconds waited)``."""
+    asked = timezone.now()
+    row = _row(node, model_path)
+    stale = asked - timedelta(seconds=REQUEST_STALE_S)
+    if row.requested_at is None or row.requested_at < stale:
+        ModelReading.objects.filter(pk=row.pk).update(requested_at=asked)
+        try:
+            send("nodes.read_model", node.pk, model_path)
+        except QueueUnavailable as exc:
+            ModelReading.objects.filter(pk=row.pk).update(requested_at=None)
+            return _unqueued(row, node, exc), 0
+    if transaction.get_connection().in_atomic_block:
+        wait = 0  # the worker's answer could not be seen (nor, on SQLite, written) before commit
+    deadline = time.monotonic() + wait
+    while True:
+        found = _fresh(node, model_path)
+        if found is not None or time.monotonic() >= deadline:
+            return found, wait
+        time.sleep(POLL_S)  # polling the database: the worker writes the reading there
+
+
+def _unqueued(row: ModelReading, node: Node, exc: QueueUnavailable) -> ModelReading:
+    """A reading that says the read could not be queued (shown as the model's source)."""
+    row.answer, row.error = None, f"not read from {node.name}: {exc}"
+    return row
+
+
+def _facts(node: Node, model_path: str, reading: ModelReading) -> ModelFacts:
+    doc = reading.answer
+    if not isinstance(doc, dict) or "config" not in doc:
+        return ModelFacts(None, None, reading.error or f"not read from {node.name}")
+    try:
+        geometry = from_config(doc["config"])
+    except GeometryError as exc:
+        return ModelFacts(None, doc.get("weights_bytes"), f"{model_path}/config.json: {exc}")
+    tensors = doc.get("tensors")
+    if isinstance(tensors, list):
+        geometry = replace(geometry, tensors=tuple(tensors))
+    else:  # the budget's weights line says so
+        note = str(doc.get("headers_error") or "no safetensors headers")[:200]
+        geometry = replace(geometry, headers_note=f"headers not read: {note}")
+    return ModelFacts(geometry, doc.get("weights_bytes"), f"read from {node.name}:{model_path}")

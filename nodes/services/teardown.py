@@ -1,0 +1,147 @@
+"""Ending what runs on a node: stop a launch's process group, read what memory came back and
+release the rest, and fail a running launch with a snapshot of the node taken first; the
+memory timeline's samples."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.domain import launch_plan as plan
+from nodes.domain import timeline
+from nodes.models import Launch
+from nodes.models.choices import (
+    LAUNCH_RUNNING,
+    LaunchStatus,
+)
+from nodes.queue import QueueUnavailable, enqueue
+from nodes.remote import client as agent
+from nodes.services import launch_state, readings
+from nodes.services.credentials import target_for
+from nodes.services.reservations import release
+
+log = logging.getLogger(__name__)
+
+
+def stop_remote(launch: Launch, grace: float | None = None) -> agent.StopAnswer:
+    """SIGTERM the launch's process group, wait ``grace`` s (``RANKWISE_STOP_GRACE_SECONDS``),
+    SIGKILL, wait 10 s; what remains. Raises ``ssh.RemoteError``."""
+    grace = settings.RANKWISE_STOP_GRACE_SECONDS if grace is None else grace
+    with ssh.pool.session(target_for(launch.node)) as conn:
+        return agent.stop(conn, launch.remote_dir, grace, 10)
+
+
+def held_gpus(launch: Launch) -> dict[int, int]:
+    """GPUs of the launch that still hold memory (index → bytes used), read now."""
+    facts = readings.probe(launch.node, live=True, timeout=30)
+    readings.save_live(launch.node, facts)
+    before = launch.gpu_used_before or {}
+    return {
+        g.index: g.memory_used_bytes
+        for g in facts.gpus
+        if g.index in launch.gpus
+        and g.memory_used_bytes > int(before.get(str(g.index), 0)) + plan.IDLE_GPU_BYTES
+    }
+
+
+def finish(launch: Launch, remaining: list[dict[str, Any]]) -> tuple[dict[int, int], str]:
+    """After the group was stopped: release what came back; describe what did not."""
+    try:
+        held = held_gpus(launch)
+    except ssh.RemoteError as exc:
+        release(launch, keep_gpus=set(launch.gpus))
+        return {g: 0 for g in launch.gpus}, f"GPU memory not verified ({exc.message})"
+    release(launch, keep_gpus=set(held))
+    notes = []
+    if remaining:
+        notes.append(
+            "still running: "
+            + ", ".join(f"PID {p['pid']} {p['command'][:60]} ({p['state']})" for p in remaining)
+        )
+    if held:
+        notes.append(
+            "GPU memory still held: "
+            + ", ".join(f"GPU {i} {v / 2**30:.1f} GiB" for i, v in sorted(held.items()))
+            + " (reserved until cleaned up)"
+        )
+    return held, "; ".join(notes)
+
+
+def fail(launch_id: int, reason: str) -> bool:
+    """Mark a running launch ``failed``: snapshot the node at once, then stop the group and
+    release what came back, and queue its diagnosis. False if the launch had already ended or
+    is being stopped."""
+    running = [s for s in LAUNCH_RUNNING if s != LaunchStatus.STOPPING]
+    if launch_state.transition(launch_id, LaunchStatus.FAILED, frm=running, reason=reason) is None:
+        return False
+    launch = Launch.objects.select_related("node").get(pk=launch_id)
+    snap: dict[str, Any] = {}
+    try:
+        snap = take_snapshot(launch)
+        if snap.get("gpus") and snap.get("meminfo"):
+            # Sampled as the snapshot was taken, before the stop's grace period.
+            used = {g["index"]: g["memory_used_bytes"] for g in snap["gpus"]}
+            add_sample(launch, snap["meminfo"], used)
+        result = stop_remote(launch, grace=5)
+        Launch.objects.filter(pk=launch_id).update(exit_status=result.status.exit_status)
+        _, notes = finish(launch, result.remaining)
+        if notes:
+            Launch.objects.filter(pk=launch_id).update(reason=f"{reason}; {notes}")
+    except ssh.RemoteError as exc:
+        snap.setdefault("errors", []).append(exc.message)
+        release(launch, keep_gpus=set(launch.gpus))
+    Launch.objects.filter(pk=launch_id).update(snapshot=snap)
+    # Diagnosed now with the lines stored so far; again by the follower once the log is whole.
+    enqueue("nodes.diagnose_launch", launch_id, unavailable=_not_diagnosed(launch_id))
+    return True
+
+
+def _not_diagnosed(launch_id: int) -> Callable[[QueueUnavailable], None]:
+    def warn(exc: QueueUnavailable) -> None:
+        log.warning(
+            "launch %s: diagnosis not queued (%s); its follower queues it again", launch_id, exc
+        )
+
+    return warn
+
+
+def sample_memory(launch: Launch) -> None:
+    """Add host RAM and the launch's GPUs' used memory, as a live probe reads them now, to its
+    memory timeline. An unreachable node only leaves a gap."""
+    try:
+        facts = readings.probe(launch.node, live=True, timeout=10)
+    except ssh.RemoteError:
+        return
+    meminfo = {"MemTotal": facts.host_ram_bytes, "MemAvailable": facts.mem_available_bytes}
+    add_sample(launch, meminfo, {g.index: g.memory_used_bytes for g in facts.gpus})
+
+
+def add_sample(launch: Launch, meminfo: dict[str, Any], gpus: dict[int, int]) -> None:
+    begun = launch.started or launch.created
+    point = timeline.sample(
+        (timezone.now() - begun).total_seconds(),
+        meminfo.get("MemTotal"),
+        meminfo.get("MemAvailable"),
+        {i: b for i, b in gpus.items() if i in launch.gpus},
+    )
+    with transaction.atomic():
+        row = Launch.objects.select_for_update().only("memory_timeline").get(pk=launch.pk)
+        Launch.objects.filter(pk=launch.pk).update(
+            memory_timeline=timeline.append(row.memory_timeline or [], point)
+        )
+
+
+def take_snapshot(launch: Launch) -> dict[str, Any]:
+    """The node's memory now, as JSON: meminfo, GPUs with their processes, the launch's
+    processes and states, kernel OOM lines, listening ports, /dev/shm files. Raises
+    ``ssh.RemoteError``."""
+    with ssh.pool.session(target_for(launch.node)) as conn:
+        snap = agent.snapshot(conn, launch.remote_dir).to_json()
+    snap["gpus"] = readings.gpus_json(readings.probe(launch.node, live=True, timeout=30))
+    return snap

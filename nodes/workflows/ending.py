@@ -1,0 +1,250 @@
+"""Ending a launch on an operator's stop: one attempt at a time, retried with bounded backoff while
+the node does not answer, under a lease that lets another stop (or the reconciler) finish a stop
+whose worker died."""
+
+from __future__ import annotations
+
+import logging
+import secrets as pysecrets
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import connection
+from django.db.models import Q
+from django.http import HttpRequest
+from django.utils import timezone
+
+from nodes import ssh
+from nodes.models import Launch
+from nodes.models.choices import (
+    LAUNCH_ACTIVE,
+    LAUNCH_ENDED,
+    LaunchStatus,
+)
+from nodes.services import launch_state, notifications
+from nodes.services.audit import record
+from nodes.services.reservations import still_reserved
+from nodes.services.teardown import finish, stop_remote
+
+log = logging.getLogger(__name__)
+
+Actor = AbstractBaseUser | AnonymousUser
+
+
+@dataclass
+class StopOutcome:
+    """What a stop left behind: processes still alive, GPUs still holding memory (bytes)."""
+
+    launch: Launch
+    remaining: list[dict[str, Any]] = field(default_factory=list)
+    held_gpus: dict[int, int] = field(default_factory=dict)
+    error: str = ""
+    # The node did not answer and the stop will be tried again (the launch stays stopping)
+    # after ``retry_in`` seconds.
+    pending: bool = False
+    retry_in: float | None = None
+
+    @property
+    def clean(self) -> bool:
+        return not self.remaining and not self.held_gpus and not self.error and not self.pending
+
+
+def stop(
+    launch_id: int,
+    *,
+    actor: Actor,
+    request: HttpRequest | None = None,
+    token: str = "",
+    retries: bool = False,
+) -> StopOutcome:
+    """One attempt to stop a launch: processes gone and GPUs' memory back, or what did not
+    come back.
+
+    ``token`` names the stop (the stop task's id, the same across its retries); a stop whose
+    worker died (its lease, ``stop_beat``, went stale) is taken over, so a second request or
+    the reconciler finishes it, continuing its count of attempts (``Launch.stop_attempts``).
+    When the node does not answer and ``retries`` is true (the caller tries again) with
+    attempts left (``stop_retry_in``), the launch stays ``stopping``, its reason says when the
+    next attempt is due (``outcome.pending``, ``outcome.retry_in`` seconds); with no attempt
+    left, or an error retrying cannot help, the stop is reported failed and the launch gets
+    back the status it had.
+    """
+    launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
+    if launch.status in LAUNCH_ENDED:
+        # Nothing to stop; what it still holds is what cleanup must free.
+        return StopOutcome(launch, held_gpus=still_reserved(launch))
+    token = token or pysecrets.token_hex(8)
+    who = actor.get_username() if actor.is_authenticated else "cli"
+    stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
+    left = launch_state.transition(
+        launch.pk,
+        LaunchStatus.STOPPING,
+        frm=stoppable,
+        actor_name=who,
+        resume_status=launch.status,
+        reason=f"stopping (asked by {who})",
+        stop_by=who,
+        stop_attempts=0,
+        stop_token=token,
+        stop_beat=timezone.now(),
+    )
+    if left is not None:
+        if left != launch.status:  # it moved on since it was read: resume what it really was
+            Launch.objects.filter(pk=launch.pk, stop_token=token).update(resume_status=left)
+        record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
+    elif not _take_over_stop(launch.pk, token):
+        return _await_other_stop(launch, token, retries)
+    launch.refresh_from_db()
+    return _attempt_stop(launch, token, retries)
+
+
+def _take_over_stop(launch_id: int, token: str) -> bool:
+    """Own the stop of a ``stopping`` launch: ours already (a retry), or left by a stop whose
+    worker died (no check-in within the lease, or never one)."""
+    stale = timezone.now() - timedelta(seconds=settings.RANKWISE_FOLLOWER_LEASE_SECONDS)
+    return bool(
+        Launch.objects.filter(pk=launch_id, status=LaunchStatus.STOPPING)
+        .filter(Q(stop_token=token) | Q(stop_beat__isnull=True) | Q(stop_beat__lt=stale))
+        .update(stop_token=token, stop_beat=timezone.now())
+    )
+
+
+def _attempt_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
+    attempt = launch.stop_attempts + 1
+    Launch.objects.filter(pk=launch.pk).update(stop_attempts=attempt)
+    with _stop_lease(launch.pk, token):
+        try:
+            result = stop_remote(launch)
+        except ssh.RemoteError as exc:
+            return _stop_not_done(launch, exc, attempt, retries)
+        remaining = result.remaining
+        held, notes = finish(launch, remaining)
+    launch_state.transition(
+        launch.pk,
+        LaunchStatus.STOPPED,
+        frm=[LaunchStatus.STOPPING],
+        actor_name=launch.stop_by or "panel",
+        reason=f"stopped by {launch.stop_by or 'the panel'}" + (f"; {notes}" if notes else ""),
+        exit_status=result.status.exit_status,
+        stop_token="",
+        stop_beat=None,
+    )
+    launch.refresh_from_db()
+    return StopOutcome(launch, remaining=remaining, held_gpus=held)
+
+
+def _stop_not_done(
+    launch: Launch, exc: ssh.RemoteError, attempt: int, retries: bool
+) -> StopOutcome:
+    """The node did not take attempt ``attempt`` (1-based, counted across re-queues) of the
+    stop: pending while attempts are left and may help, else failed (reported, audited, the
+    launch back to the status it had)."""
+    node = launch.node.name
+    away = exc.kind in ("unreachable", "timeout")
+    retry_in = stop_retry_in(attempt) if retries else None
+    if retry_in is not None and away:
+        pending = (
+            f"stop pending: {node} unreachable ({exc.message}); retrying "
+            f"(attempt {attempt + 1}) in {retry_in:g} s"
+        )
+        # Due again after the wait: the lease covers it, so only a lost retry goes stale.
+        due = timezone.now() + timedelta(seconds=retry_in)
+        Launch.objects.filter(pk=launch.pk, stop_token=launch.stop_token).update(
+            reason=pending, stop_beat=due
+        )
+        launch.refresh_from_db()
+        return StopOutcome(launch, error=pending, pending=True, retry_in=retry_in)
+    why = f"{node} did not answer ({exc.message})" if away else exc.message
+    failed = (
+        f"stop failed after {attempt} attempt{'s' if attempt > 1 else ''}: {why}; "
+        "the server may still be running"
+    )
+    launch_state.transition(
+        launch.pk,
+        launch.resume_status or LaunchStatus.READY,
+        frm=[LaunchStatus.STOPPING],
+        actor_name=launch.stop_by or "panel",
+        reason=failed,
+        stop_token="",
+        stop_beat=None,
+    )
+    record(
+        "launch.stop_failed",
+        actor=None,
+        actor_name=launch.stop_by or "panel",
+        obj=launch,
+        after={"attempts": attempt, "error": exc.message},
+    )
+    launch.refresh_from_db()
+    notifications.launch_event(launch, "launch.stop_failed", failed)
+    return StopOutcome(launch, error=failed)
+
+
+@contextmanager
+def _stop_lease(launch_id: int, token: str) -> Iterator[None]:
+    """Keep the stop's lease fresh while it waits on the node (the grace period, the probe),
+    so that only a stop whose worker died goes stale."""
+    done = threading.Event()
+
+    def renew() -> None:
+        try:
+            while not done.wait(settings.RANKWISE_FOLLOWER_LEASE_SECONDS / 3):
+                Launch.objects.filter(pk=launch_id, stop_token=token).update(
+                    stop_beat=timezone.now()
+                )
+        finally:
+            connection.close()  # this thread's own connection
+
+    thread = threading.Thread(target=renew, name=f"stop-lease-{launch_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def stop_retry_in(attempts: int) -> float | None:
+    """Seconds before the stop's next attempt after ``attempts`` (≥ 1) failed ones (doubling
+    from ``RANKWISE_STOP_RETRY_SECONDS``, at most two minutes); ``None`` when the chain is
+    spent: at most ``RANKWISE_STOP_RETRIES`` retries after the first attempt, however often the
+    stop is queued again."""
+    if attempts > settings.RANKWISE_STOP_RETRIES:
+        return None
+    return float(min(settings.RANKWISE_STOP_RETRY_SECONDS * 2 ** max(attempts - 1, 0), 120))
+
+
+def stop_retry_lost(launch_id: int, token: str, why: str) -> None:
+    """The stop's next attempt could not be queued (``why``): say so, and leave the stop to
+    the reconciler (its lease is dropped, so the next pass queues it again, counting on)."""
+    Launch.objects.filter(pk=launch_id, status=LaunchStatus.STOPPING, stop_token=token).update(
+        reason=f"stop pending: the next attempt could not be queued ({why[:200]}); it is "
+        "queued again when the task queue answers",
+        stop_beat=None,
+    )
+
+
+def _await_other_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
+    """Someone else is stopping this launch: report what their stop leaves, or finish it
+    when it goes stale (its worker died)."""
+    deadline = time.monotonic() + settings.RANKWISE_STOP_GRACE_SECONDS + 60
+    while time.monotonic() < deadline:
+        launch.refresh_from_db()
+        if launch.status in LAUNCH_ENDED:
+            return StopOutcome(launch, held_gpus=still_reserved(launch))
+        if launch.status != LaunchStatus.STOPPING:  # that stop failed; its reason says why
+            return StopOutcome(launch, error=launch.reason)
+        if _take_over_stop(launch.pk, token):
+            launch.refresh_from_db()
+            return _attempt_stop(launch, token, retries)
+        if launch.reason.startswith("stop pending"):  # its own task tries again
+            return StopOutcome(launch, error=launch.reason)
+        time.sleep(0.5)
+    return StopOutcome(launch, error="another stop of this launch has not finished")
