@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from nodes.domain.exchange_document import ProfileEntry
 from nodes.models import (
     ApiToken,
     AuditEntry,
@@ -355,6 +356,11 @@ def test_an_import_that_cannot_be_read_saves_nothing(node, change, message):
     with pytest.raises(exchange.ImportRefused, match=message):
         exchange.import_(doc, author="cli")
     assert not LaunchProfile.objects.exists()
+
+
+def test_the_document_s_visibilities_are_the_profile_model_s():
+    literal, _ = get_args(ProfileEntry.model_fields["visibility"].annotation)
+    assert set(get_args(literal)) == set(LaunchProfile.Visibility.values)
 
 
 def test_tokens_are_shown_once_listed_by_prefix_and_revoked(client):
