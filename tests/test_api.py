@@ -349,6 +349,18 @@ def test_a_viewer_is_refused_a_change_before_its_body_is_read(client, node, prof
             },
             "whole number",
         ),
+        (
+            # PostgreSQL stores no NUL: refused in words, not a DataError and a 500.
+            {
+                "profiles": [
+                    {
+                        "name": "x",
+                        "revisions": [{"number": 1, "args": ["--model-path", "/m\x00"]}],
+                    }
+                ]
+            },
+            "x@1: args holds a NUL character",
+        ),
     ],
 )
 def test_an_import_that_cannot_be_read_saves_nothing(node, change, message):

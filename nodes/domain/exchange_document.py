@@ -21,6 +21,8 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
+    field_validator,
     model_validator,
 )
 from pydantic_core import ErrorDetails, PydanticCustomError
@@ -83,8 +85,32 @@ def _profile_name(name: str) -> str:
     return name
 
 
+def _holds_nul(value: Any) -> bool:
+    """Whether a NUL character is in ``value``'s text, its keys or anywhere inside it (a
+    loop, not recursion: JSON can nest deeper than Python's stack)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if "\x00" in item:
+                return True
+        elif isinstance(item, dict):
+            pending += [*item.keys(), *item.values()]
+        elif isinstance(item, list):
+            pending += item
+    return False
+
+
 class _Entry(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    @field_validator("*")
+    @classmethod
+    def _no_nul(cls, value: Any, info: ValidationInfo) -> Any:
+        """PostgreSQL stores no NUL character in text or JSON: refused here, not by a 500."""
+        if _holds_nul(value):
+            raise _refused(f"{info.field_name} holds a NUL character, which cannot be stored")
+        return value
 
 
 class StampEntry(_Entry):
@@ -185,41 +211,44 @@ def read_document(doc: Any) -> ProfilesDocument:
 def refusal(error: ErrorDetails, doc: dict[str, Any]) -> str:
     """One pydantic error of ``doc`` as the sentence a user reads: where (the profile's name,
     ``name@N`` for a revision) and what is wrong (the field's rule)."""
-    loc = error["loc"]
+    loc, refused = error["loc"], error["type"] == "refused"
     if len(loc) < 2 or loc[0] != "profiles":
-        if error["type"] == "refused":
+        if refused:
             return _reason(error)
         if loc and loc[0] == "profiles":
             return f"profiles {_rule(ProfilesDocument, 'profiles')}"
         return f"not a {FORMAT} document"
     profile = doc["profiles"][int(loc[1])]
     if len(loc) == 2 or loc[2] == "name":
-        if error["type"] == "refused":
-            return f"{str(profile['name'])[:63]!r}: {_reason(error)}"
-        return "each profile needs a name"
+        return f"{str(profile['name'])[:63]!r}: {_reason(error)}" if refused else NAMELESS
     name = profile["name"]
     if loc[2] != "revisions" or len(loc) == 3:
-        return f"{name}: {loc[2]} {_rule(ProfileEntry, str(loc[2]))}"
+        return f"{name}: {_reason(error) if refused else _field_rule(ProfileEntry, loc[2])}"
     revision = profile["revisions"][int(loc[3])]
     if len(loc) == 4 or loc[4] == "number":
         if len(loc) == 4 or error["type"] == "missing":
             return f"{name}: each revision needs a number of 1 or more"
-        return f"{name}: number {_rule(RevisionEntry, 'number')}"
+        return f"{name}: {_field_rule(RevisionEntry, 'number')}"
     label = f"{name}@{revision['number']}"
     return f"{label}: {_revision_problem(error, loc[4:])}"
 
 
+NAMELESS = "each profile needs a name"
+
+
 def _revision_problem(error: ErrorDetails, loc: tuple[int | str, ...]) -> str:
-    field = str(loc[0])
-    if error["type"] == "refused":
-        return _reason(error)
-    if field != "stamps" or len(loc) == 1:
-        return f"{field} {_rule(RevisionEntry, field)}"
+    refused = error["type"] == "refused"
+    if loc[0] != "stamps" or len(loc) == 1:
+        return _reason(error) if refused else _field_rule(RevisionEntry, loc[0])
     if len(loc) == 2:
         return "a stamp needs node, gpu_name, gpu_count, gpu_memory_bytes"
     if error["type"] == "missing":
         return f"a stamp needs {loc[2]}"
-    return f"a stamp's {loc[2]} {_rule(StampEntry, str(loc[2]))}"
+    return f"a stamp's {_reason(error) if refused else _field_rule(StampEntry, loc[2])}"
+
+
+def _field_rule(model: type[BaseModel], field: int | str) -> str:
+    return f"{field} {_rule(model, str(field))}"
 
 
 def _reason(error: ErrorDetails) -> str:

@@ -78,6 +78,9 @@ def test_an_export_reads_back_with_its_fields():
         (doc_with(env={"A B": "1"}), "kimi@1: env: 'A B' is not an environment variable name"),
         (doc_with(message="m" * 501), "kimi@1: message must be text of at most 500 characters"),
         (doc_with(verdict="fine"), "kimi@1: verdict is ok, warn or block"),
+        (doc_with(message="a\x00b"), "kimi@1: message holds a NUL character"),
+        (doc_with(report={"k": [{"\x00": 1}]}), "kimi@1: report holds a NUL character"),
+        (doc_with({"created_by": "\x00"}), "kimi: created_by holds a NUL character"),
         (doc_with(report=[]), "kimi@1: report must be an object"),
         (doc_with(sglang_version="latest"), "kimi@1: 'latest' is not an SGLang version"),
         (doc_with(sglang_version=5), "kimi@1: '5' is not an SGLang version"),
@@ -94,6 +97,10 @@ def test_an_export_reads_back_with_its_fields():
             "kimi@1: a stamp's healthy_seconds must be a whole number from 0 to 2147483647",
         ),
         (doc_with(stamps=[{**STAMP, "observed": []}]), "kimi@1: a stamp's observed must be an"),
+        (
+            doc_with(stamps=[{**STAMP, "estimate": {"x": "\x00"}}]),
+            "kimi@1: a stamp's estimate holds a NUL character",
+        ),
         (
             doc_with(stamps=[{**STAMP, "gpu_name": "g" * 129}]),
             "kimi@1: a stamp's gpu_name must be text of at most 128 characters",
