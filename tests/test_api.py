@@ -113,6 +113,11 @@ def test_the_schema_and_docs_are_public_and_the_docs_need_no_cdn(client):
         "/api/cleanups/{cleanup_id}",
     ):
         assert expected in paths, expected
+    body = paths["/api/profiles/import"]["post"]["requestBody"]["content"]["application/json"]
+    document = body["schema"]["properties"]
+    assert document["format"]["const"] == "rankwise-profiles/1"
+    revision = document["profiles"]["items"]["properties"]["revisions"]["items"]
+    assert revision["properties"]["number"]["maximum"] == 10**6 and "$ref" not in str(body)
     docs = client.get("/api/docs").content.decode()
     assert "/static/ninja/swagger-ui-bundle.js" in docs and "cdn" not in docs.lower()
 

@@ -151,7 +151,7 @@ class RevisionEntry(_Entry):
     report: Annotated[dict[str, Any] | None, Field(description=OBJECT)] = None
     sglang_version: Annotated[
         str | None,
-        Field(description="is not an SGLang version"),
+        Field(description="an SGLang version as pip reads it (0.5.9); empty or null: 0.5.9"),
         BeforeValidator(_sglang_version),
     ] = None
     stamps: Annotated[
