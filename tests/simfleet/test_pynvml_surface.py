@@ -115,6 +115,11 @@ def _real_version() -> str:
     return version("nvidia-ml-py")
 
 
+def test_the_real_pynvml_is_nvidia_ml_py_s():
+    assert Path(str(real.__file__)).resolve() != SIMULATED.resolve(), real.__file__
+    assert _real_version()
+
+
 def test_node_scripts_use_nvml_through_pynvml():
     assert USED, f"no pynvml.<name> found in {REMOTE}/*.py: the probe reads GPUs through NVML"
 
