@@ -79,7 +79,14 @@ def ansible_sweep(nodes: list[dict[str, object]], work: Path) -> tuple[float, fl
     venv = work / "ansible-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     subprocess.run(
-        [str(venv / "bin/pip"), "install", "-q", "-r", str(ROOT / "benchmarks/requirements.txt")],
+        [
+            str(venv / "bin/pip"),
+            "install",
+            "-q",
+            "--require-hashes",
+            "-r",
+            str(ROOT / "benchmarks/requirements.txt"),
+        ],
         check=True,
     )
     inventory = work / "inventory.ini"

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
+from nodes.domain.exchange_document import ProfileEntry
 from nodes.models import (
     ApiToken,
     AuditEntry,
@@ -112,6 +113,11 @@ def test_the_schema_and_docs_are_public_and_the_docs_need_no_cdn(client):
         "/api/cleanups/{cleanup_id}",
     ):
         assert expected in paths, expected
+    body = paths["/api/profiles/import"]["post"]["requestBody"]["content"]["application/json"]
+    document = body["schema"]["properties"]
+    assert document["format"]["const"] == "rankwise-profiles/1"
+    revision = document["profiles"]["items"]["properties"]["revisions"]["items"]
+    assert revision["properties"]["number"]["maximum"] == 10**6 and "$ref" not in str(body)
     docs = client.get("/api/docs").content.decode()
     assert "/static/ninja/swagger-ui-bundle.js" in docs and "cdn" not in docs.lower()
 
@@ -348,6 +354,18 @@ def test_a_viewer_is_refused_a_change_before_its_body_is_read(client, node, prof
             },
             "whole number",
         ),
+        (
+            # PostgreSQL stores no NUL: refused in words, not a DataError and a 500.
+            {
+                "profiles": [
+                    {
+                        "name": "x",
+                        "revisions": [{"number": 1, "args": ["--model-path", "/m\x00"]}],
+                    }
+                ]
+            },
+            "x@1: args holds a NUL character",
+        ),
     ],
 )
 def test_an_import_that_cannot_be_read_saves_nothing(node, change, message):
@@ -355,6 +373,11 @@ def test_an_import_that_cannot_be_read_saves_nothing(node, change, message):
     with pytest.raises(exchange.ImportRefused, match=message):
         exchange.import_(doc, author="cli")
     assert not LaunchProfile.objects.exists()
+
+
+def test_the_document_s_visibilities_are_the_profile_model_s():
+    literal, _ = get_args(ProfileEntry.model_fields["visibility"].annotation)
+    assert set(get_args(literal)) == set(LaunchProfile.Visibility.values)
 
 
 def test_tokens_are_shown_once_listed_by_prefix_and_revoked(client):

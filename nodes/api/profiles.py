@@ -15,6 +15,7 @@ from nodes.api.nodes import named
 from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
 from nodes.domain.budget import BudgetReport
+from nodes.domain.exchange_document import ProfilesDocument
 from nodes.models import LaunchProfile
 from nodes.models.choices import Role
 from nodes.services import exchange, model_facts, profiles, teams
@@ -46,7 +47,37 @@ def export_profiles(request: HttpRequest) -> Any:
     return exchange.export(names)
 
 
-@router.post("/import", response={200: dict[str, list[str]], **ERRORS}, auth=OperatorAuth())
+def _inlined(node: Any, defs: dict[str, Any]) -> Any:
+    """``node`` with each ``{"$ref": "#/$defs/X"}`` replaced by ``X`` (the models nest no loop)."""
+    if isinstance(node, dict):
+        ref = node.get("$ref", "")
+        if ref.startswith("#/$defs/"):
+            return _inlined(defs[ref.removeprefix("#/$defs/")], defs)
+        return {k: _inlined(v, defs) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_inlined(v, defs) for v in node]
+    return node
+
+
+def _document_schema() -> dict[str, Any]:
+    """The ``rankwise-profiles/1`` document's JSON Schema, whole, for the import's request body.
+    The body is read as any JSON object and checked by the import itself, so a document that
+    breaks the schema gets the import's own 400 and its words, not a generic 422."""
+    schema = ProfilesDocument.model_json_schema()
+    return {**_inlined(schema, schema.pop("$defs", {})), "additionalProperties": True}
+
+
+@router.post(
+    "/import",
+    response={200: dict[str, list[str]], **ERRORS},
+    auth=OperatorAuth(),
+    openapi_extra={
+        "requestBody": {
+            "content": {"application/json": {"schema": _document_schema()}},
+            "required": True,
+        }
+    },
+)
 def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
     """An export brought in: every revision validated first; existing equal revisions are
     skipped, different ones reported as conflicts and left alone."""

@@ -8,8 +8,11 @@ Sources: shared/reference/sglang.md §5 (``http_server.py``; gauges of ``metrics
 from __future__ import annotations
 
 import json
-import re
+from collections.abc import Iterator
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 #: Settings kept from the server's answer (the rest of the flat JSON is every server arg).
 KEPT = (
@@ -33,7 +36,8 @@ KEPT = (
     "enable_metrics",
 )
 
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)")
+#: The gauges ``summarise_metrics`` reads, without their ``sglang:`` prefix.
+WANTED = ("token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput")
 
 
 class ServerInfoError(ValueError):
@@ -63,22 +67,15 @@ def effective_settings(body: bytes) -> dict[str, Any]:
 def summarise_metrics(text: str) -> dict[str, float]:
     """Load figures from Prometheus text: ``token_usage`` (highest rank, fraction of the KV pool),
     ``num_running_reqs`` and ``num_queue_reqs`` (rank 0: every TP rank sees the same batch),
-    ``gen_throughput`` (tokens/s, rank 0)."""
-    wanted = ("token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput")
+    ``gen_throughput`` (tokens/s, rank 0). Samples are read by ``prometheus_client``'s parser;
+    text it cannot read gives fewer figures (``{}`` for none), never an exception."""
     found: dict[str, list[tuple[str, float]]] = {}
-    for line in text.splitlines():
-        match = _SAMPLE.match(line)
-        if match is None or not match["name"].startswith("sglang:"):
+    for sample in _samples(text):
+        name = sample.name.removeprefix("sglang:")
+        if name == sample.name or name not in WANTED:
             continue
-        name = match["name"].removeprefix("sglang:")
-        if name not in wanted:
-            continue
-        try:
-            value = float(match["value"])
-        except ValueError:
-            continue
-        rank = re.search(r'tp_rank="(\d+)"', match["labels"] or "")
-        found.setdefault(name, []).append((rank.group(1) if rank else "0", value))
+        rank = sample.labels.get("tp_rank", "")
+        found.setdefault(name, []).append((rank if rank.isdigit() else "0", float(sample.value)))
     summary: dict[str, float] = {}
     for name, samples in found.items():
         if name == "token_usage":
@@ -87,3 +84,20 @@ def summarise_metrics(text: str) -> dict[str, float]:
             first = [v for r, v in samples if r == "0"] or [samples[0][1]]
             summary[name] = first[0]
     return summary
+
+
+def _samples(text: str) -> Iterator[Sample]:
+    """Every sample of the exposition. The parser gives up on the whole text at its first
+    malformed line (``ValueError``), so such a text is read again line by line, and only the
+    lines it cannot read are left out."""
+    try:
+        families = list(text_string_to_metric_families(text))
+    except ValueError:
+        for line in text.splitlines():
+            try:
+                families = list(text_string_to_metric_families(line))
+            except ValueError:
+                continue
+            yield from (sample for family in families for sample in family.samples)
+        return
+    yield from (sample for family in families for sample in family.samples)

@@ -164,9 +164,9 @@ def table_for(version: str) -> str:
     try:
         wanted = sglang_version(version)
     except ValueError:
-        return KNOWN_TABLES[0]
+        return min(KNOWN_TABLES, key=Version)
     eligible = [v for v in KNOWN_TABLES if Version(v) <= wanted]
-    return eligible[-1] if eligible else KNOWN_TABLES[0]
+    return max(eligible, key=Version) if eligible else min(KNOWN_TABLES, key=Version)
 
 
 class _Refused(Exception):

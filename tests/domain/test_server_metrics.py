@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodes.domain.redact import mask_text, secret_values
 from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
@@ -55,6 +57,37 @@ def test_metrics_take_rank_zero_for_requests_and_the_fullest_rank_for_token_usag
         "num_queue_reqs": 1.0,
         "gen_throughput": 812.5,
     }
+
+
+@pytest.mark.parametrize(
+    "text", ["", "not metrics at all", "{{{", "\x00\ufffd", 'sglang:token_usage{tp_rank="0" 0.5']
+)
+def test_text_that_is_not_metrics_gives_no_figures(text):
+    assert summarise_metrics(text) == {}
+
+
+def test_a_malformed_line_costs_only_itself():
+    text = "\n".join(
+        [
+            "# TYPE sglang:token_usage gauge",
+            'sglang:token_usage{tp_rank="0"} 0.25',
+            'sglang:num_running_reqs{tp_rank="0"} not-a-number',
+            'sglang:num_queue_reqs{tp_rank="1"} 2',
+            'sglang:gen_throughput{tp_rank="0",note="a } inside"} 40',
+        ]
+    )
+    assert summarise_metrics(text) == {
+        "token_usage": 0.25,
+        "num_queue_reqs": 2.0,
+        "gen_throughput": 40.0,
+    }
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.text(alphabet='{}",= #\\\n\t.:_sglang0123456789eE+-', max_size=40), max_size=8))
+def test_any_text_is_summarised_without_raising(lines):
+    summary = summarise_metrics("\n".join(["sglang:token_usage 0.5", *lines]))
+    assert set(summary) <= {"token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput"}
 
 
 def test_secret_values_are_masked_in_log_text():

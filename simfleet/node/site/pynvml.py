@@ -3,7 +3,9 @@
 Covers the calls Rankwise uses: init/shutdown, device count, handle by index, name, UUID, PCI
 info, memory info, running compute processes, driver and CUDA driver versions. Errors are raised
 as ``NVMLError`` subclasses with NVML's codes and strings (nvidia-ml-py's ``pynvml.py``).
-Numbers come from the node's ledger, the same source as its ``nvidia-smi``.
+Numbers come from the node's ledger, the same source as its ``nvidia-smi``. Every name here is
+nvidia-ml-py's, with its parameters and values, and it has every name ``nodes/remote/`` uses
+(tests/simfleet/test_pynvml_surface.py checks both against the real module).
 """
 
 from __future__ import annotations
@@ -39,15 +41,13 @@ class NVMLError(Exception):
     """An NVML failure; ``NVMLError(code)`` returns the subclass for that code, as upstream does."""
 
     _classes: dict[int, type[NVMLError]] = {}
+    value: int
 
     def __new__(cls, value: int) -> NVMLError:  # noqa: PYI034
         target = cls._classes.get(value, cls) if cls is NVMLError else cls
         obj: NVMLError = Exception.__new__(target)
         obj.value = value
         return obj
-
-    def __init__(self, value: int) -> None:
-        self.value = value
 
     def __str__(self) -> str:
         return _STRINGS.get(self.value, f"Unknown Error (code {self.value})")
@@ -60,7 +60,12 @@ class NVMLError(Exception):
 
 
 def _subclass(name: str, code: int) -> type[NVMLError]:
-    klass = type(name, (NVMLError,), {})
+    """``NVMLError_<Name>``: built with no argument (or any), its ``value`` is always ``code``."""
+
+    def new(cls: type[NVMLError], *args: object) -> NVMLError:
+        return NVMLError.__new__(cls, code)
+
+    klass = type(name, (NVMLError,), {"__new__": new})
     NVMLError._classes[code] = klass
     return klass
 
@@ -96,7 +101,7 @@ class c_nvmlProcessInfo_t:  # noqa: N801
 
 
 @dataclass
-class c_nvmlPciInfo_t:  # noqa: N801
+class nvmlPciInfo_t:  # noqa: N801
     busId: str  # noqa: N815
     busIdLegacy: str  # noqa: N815
     domain: int = 0
@@ -128,7 +133,8 @@ def nvmlInit() -> None:  # noqa: N802
     _init_count += 1
 
 
-nvmlInitWithFlags = lambda flags: nvmlInit()  # noqa: E731, N816
+def nvmlInitWithFlags(flags: int) -> None:  # noqa: N802
+    nvmlInit()
 
 
 def nvmlShutdown() -> None:  # noqa: N802
@@ -178,9 +184,9 @@ def nvmlDeviceGetIndex(handle: _Handle) -> int:  # noqa: N802
     return int(_gpu(handle).index)
 
 
-def nvmlDeviceGetPciInfo(handle: _Handle) -> c_nvmlPciInfo_t:  # noqa: N802
+def nvmlDeviceGetPciInfo(handle: _Handle) -> nvmlPciInfo_t:  # noqa: N802
     bus_id = str(_gpu(handle).pci_bus_id)
-    return c_nvmlPciInfo_t(busId=bus_id, busIdLegacy=bus_id[4:])
+    return nvmlPciInfo_t(busId=bus_id, busIdLegacy=bus_id[4:])
 
 
 def nvmlDeviceGetMemoryInfo(handle: _Handle, version: int | None = None) -> c_nvmlMemory_t:  # noqa: N802
