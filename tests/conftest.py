@@ -229,3 +229,11 @@ def panel(settings, transactional_db, tmp_path):
     finally:
         server.proc.kill()
         server.proc.wait()
+
+
+@pytest.fixture
+def olga(db):
+    """Olga, an operator: who launches in the fleet tests."""
+    from tests.factories import make_user
+
+    return make_user("olga", "operator")

@@ -8,7 +8,9 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser, Group
 
 from nodes.domain.units import GB, GiB
-from nodes.models import Gpu, Node
+from nodes.models import Gpu, Launch, LaunchLogLine, LaunchProfile, Node, ProfileRevision
+from nodes.models.choices import LaunchStatus
+from nodes.workflows.diagnosing import diagnose_launch
 
 PASSWORD = "correct-horse-battery-staple"
 
@@ -48,6 +50,72 @@ def node_form_data(**overrides: Any) -> dict[str, Any]:
         "host_ram_1": "GB",
         "labels_text": "rack=a3, h200",
         "notes": "",
+    }
+    data.update(overrides)
+    return data
+
+
+def make_failed(node, args, lines, *, name="kimi", **fields) -> Launch:
+    profile, _ = LaunchProfile.objects.get_or_create(name=name, defaults={"created_by": "olga"})
+    revision = ProfileRevision.objects.create(
+        profile=profile,
+        number=profile.revisions.count() + 1,
+        args=args,
+        env={},
+        author="olga",
+        node=node,
+        verdict="block",
+        report={},
+    )
+    launch = Launch.objects.create(
+        revision=revision,
+        node=node,
+        gpus=list(range(8)),
+        port=30000,
+        created_by="olga",
+        startup_timeout_s=60,
+        status=LaunchStatus.FAILED,
+        exit_status=-9,
+        reason="sglang::scheduler_TP3 (PID 41) died during start-up",
+        last_seq=len(lines),
+        log_complete=True,
+        **fields,
+    )
+    LaunchLogLine.objects.bulk_create(
+        LaunchLogLine(launch=launch, seq=i, text=t) for i, t in enumerate(lines, 1)
+    )
+    diagnose_launch(launch.pk)
+    launch.refresh_from_db()
+    return launch
+
+
+def pool_lines(size: int, ranks: int = 8) -> list[str]:
+    head = ["[2026-12-01 10:00:00] server_args=ServerArgs(...)", "Load weight end."]
+    return head + [
+        f"[2026-12-01 10:01:0{r} TP{r}] Allocating {size:.2f} GB host memory for hierarchical "
+        "KV cache."
+        for r in range(ranks)
+    ]
+
+
+def profile_form_data(node: Any, **overrides: str) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "name": "kimi-tp8",
+        "node": node.pk,
+        "model_path": "/models/kimi",
+        "tp_size": "8",
+        "pp_size": "1",
+        "dp_size": "1",
+        "mem_fraction_static": "0.93",
+        "kv_cache_dtype": "auto",
+        "port": "30000",
+        "enable_hicache": "on",
+        "hicache_size": "300",
+        "extra_flags": "",
+        "env": "",
+        "model_config": "",
+        "message": "",
+        "action": "save",
     }
     data.update(overrides)
     return data

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import http.client
 import json
+import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass
@@ -74,3 +77,20 @@ def follow(url: str, cookie: str, deadline: float) -> list[tuple[int, str, int]]
         except OSError:
             time.sleep(0.5)
     return got
+
+
+async def read_stream(response) -> str:
+    parts = []
+    async for chunk in response.streaming_content:
+        parts.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
+    return "".join(parts)
+
+
+def in_fresh_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
+    """Run a coroutine on an event loop of its own thread: the browser tests leave Playwright's
+    loop on this one, and Django refuses to nest."""
+    box: dict[str, Any] = {}
+    thread = threading.Thread(target=lambda: box.update(value=asyncio.run(coroutine)))
+    thread.start()
+    thread.join(30)
+    return box["value"]

@@ -16,7 +16,7 @@ from nodes.services import tokens
 from tests.conftest import database_url
 from tests.factories import PASSWORD, make_node, make_user
 from tests.panel import start_panel
-from tests.test_launch_streaming import OwnRedis
+from tests.redis_server import OwnRedis
 
 pytestmark = pytest.mark.django_db(transaction=True)
 PROMPT_S = 6  # two quick retries of a refused connection, not Celery's 20 s of them

@@ -21,7 +21,7 @@ from tests.conftest import register_sim_node
 from tests.factories import make_node, make_user
 from tests.fleet import wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 S01 = ROOT / "tests/fixtures/cases/S01"
 GiB = 2**30
 S01_ARGS = ["--model-path", "/models/kimi-k2.5-int4", "--tp-size", "8", "--mem-fraction-static"]

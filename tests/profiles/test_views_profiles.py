@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import pytest
 from django.urls import reverse
 
 from nodes.domain.units import GB, GiB
 from nodes.models import AuditEntry, LaunchProfile, ProfileRevision
-from tests.factories import make_node
+from tests.factories import make_node, profile_form_data
 
 pytestmark = pytest.mark.django_db
 INCIDENT = (
@@ -26,31 +25,8 @@ def node():
     )
 
 
-def form_data(node: Any, **overrides: str) -> dict[str, Any]:
-    data: dict[str, Any] = {
-        "name": "kimi-tp8",
-        "node": node.pk,
-        "model_path": "/models/kimi",
-        "tp_size": "8",
-        "pp_size": "1",
-        "dp_size": "1",
-        "mem_fraction_static": "0.93",
-        "kv_cache_dtype": "auto",
-        "port": "30000",
-        "enable_hicache": "on",
-        "hicache_size": "300",
-        "extra_flags": "",
-        "env": "",
-        "model_config": "",
-        "message": "",
-        "action": "save",
-    }
-    data.update(overrides)
-    return data
-
-
 def test_the_incident_is_blocked_shown_with_the_numbers_and_not_saved(operator_client, node):
-    response = operator_client.post(reverse("nodes:profile-create"), form_data(node))
+    response = operator_client.post(reverse("nodes:profile-create"), profile_form_data(node))
     body = response.content.decode()
     assert response.status_code == 200
     assert "Blocked: this node cannot run this profile" in body
@@ -60,7 +36,7 @@ def test_the_incident_is_blocked_shown_with_the_numbers_and_not_saved(operator_c
 
 
 def test_a_warned_profile_needs_an_acknowledgement_then_saves_revision_1(operator_client, node):
-    data = form_data(node, hicache_size="37")
+    data = profile_form_data(node, hicache_size="37")
     first = operator_client.post(reverse("nodes:profile-create"), data)
     assert "Read the warnings, then tick this box to save." in first.content.decode()
     assert not ProfileRevision.objects.exists()
@@ -77,7 +53,7 @@ def test_a_warned_profile_needs_an_acknowledgement_then_saves_revision_1(operato
 
 
 def test_each_save_is_a_new_immutable_revision(operator_client, node):
-    data = {**form_data(node, hicache_size="37"), "acknowledge": "on"}
+    data = {**profile_form_data(node, hicache_size="37"), "acknowledge": "on"}
     operator_client.post(reverse("nodes:profile-create"), data)
     profile = LaunchProfile.objects.get()
     operator_client.post(
@@ -94,7 +70,7 @@ def test_each_save_is_a_new_immutable_revision(operator_client, node):
 
 def test_an_ok_profile_saves_without_acknowledgement(operator_client):
     node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23", gpus=8)
-    data = form_data(node, hicache_size="37")
+    data = profile_form_data(node, hicache_size="37")
     response = operator_client.post(reverse("nodes:profile-create"), data)
     assert response.status_code == 302, response.content.decode()[-2000:]
     assert ProfileRevision.objects.get().verdict == "ok"
@@ -105,7 +81,7 @@ def test_save_with_a_pasted_command_not_loaded_is_refused_and_saves_nothing(oper
     saved the form's own fields and dropped the pasted command (its ``-c`` with it)."""
     node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23", gpus=8)
     pasted = "python3 '-cimport os' -m sglang.launch_server --model-path /models/kimi --tp 8"
-    data = form_data(node, hicache_size="37", pasted_command=pasted)
+    data = profile_form_data(node, hicache_size="37", pasted_command=pasted)
     response = operator_client.post(reverse("nodes:profile-create"), data)
     assert response.status_code == 200
     assert "Load the pasted command first (Load pasted command), or clear it" in (
@@ -136,7 +112,7 @@ def test_pasting_a_command_fills_the_fields(operator_client, node):
 
 def test_the_live_check_returns_only_the_panel_and_keeps_nothing(operator_client, node):
     response = operator_client.post(
-        reverse("nodes:profile-check"), form_data(node), headers={"HX-Request": "true"}
+        reverse("nodes:profile-check"), profile_form_data(node), headers={"HX-Request": "true"}
     )
     body = response.content.decode()
     assert "<html" not in body and 'id="budget-panel"' in body and "BLOCK" in body
@@ -148,7 +124,7 @@ def test_a_pasted_config_gives_the_device_pool(operator_client, node):
 
     from simfleet.models import MODELS
 
-    data = form_data(node, model_config=json.dumps(MODELS["kimi-k2"]["config"]))
+    data = profile_form_data(node, model_config=json.dumps(MODELS["kimi-k2"]["config"]))
     body = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
     assert "KV bytes per token per rank: 70,272" in body and "pasted config.json" in body
 
@@ -156,7 +132,8 @@ def test_a_pasted_config_gives_the_device_pool(operator_client, node):
 def test_viewers_cannot_create_profiles(viewer_client, node):
     assert (
         viewer_client.post(
-            reverse("nodes:profile-create"), form_data(node, hicache_size="37", acknowledge="on")
+            reverse("nodes:profile-create"),
+            profile_form_data(node, hicache_size="37", acknowledge="on"),
         ).status_code
         == 403
     )
@@ -165,7 +142,9 @@ def test_viewers_cannot_create_profiles(viewer_client, node):
 
 def test_secrets_are_masked_in_the_shown_command(operator_client):
     node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23")
-    data = form_data(node, hicache_size="37", extra_flags="--api-key sk-123", env="HF_TOKEN=hf_abc")
+    data = profile_form_data(
+        node, hicache_size="37", extra_flags="--api-key sk-123", env="HF_TOKEN=hf_abc"
+    )
     operator_client.post(reverse("nodes:profile-create"), data)
     detail = operator_client.get(
         reverse("nodes:profile-detail", args=[LaunchProfile.objects.get().pk])
@@ -194,7 +173,7 @@ def test_secret_env_names_are_masked_on_the_page_in_the_audit_and_the_api(
     node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23")
     env = "\n".join(f"{k}={v}" for k, v in SECRET_ENV.items()) + "\nTOKENIZERS_PARALLELISM=false"
     flags = "--max-total-tokens 100000 --skip-tokenizer-init --tokenizer-path /models/tok"
-    data = form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
+    data = profile_form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
     operator_client.post(reverse("nodes:profile-create"), data)
     profile = LaunchProfile.objects.get()
     auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 'test')}"}
@@ -222,7 +201,7 @@ def test_glued_secret_names_and_secrets_inside_flag_values_are_masked_on_the_pag
         "--tool-server http://u:pw-hotel-8@tools:9000 --max-total-tokens 100000 "
         """--model-loader-extra-config '{"password": "india-9"}'"""
     )
-    data = form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
+    data = profile_form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
     operator_client.post(reverse("nodes:profile-create"), data)
     profile = LaunchProfile.objects.get()
     auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 'test')}"}
@@ -245,7 +224,9 @@ def test_gpu_memory_matters(operator_client):
 
     from simfleet.models import MODELS
 
-    data = form_data(node, hicache_size="37", model_config=json.dumps(MODELS["kimi-k2"]["config"]))
+    data = profile_form_data(
+        node, hicache_size="37", model_config=json.dumps(MODELS["kimi-k2"]["config"])
+    )
     body = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
     assert "Device pool not estimated" in body  # no checkpoint size without the node
 
@@ -255,7 +236,7 @@ def test_gpu_memory_matters(operator_client):
 )
 def test_unusable_pasted_configs_are_reported_not_crashed(operator_client, node, config):
     response = operator_client.post(
-        reverse("nodes:profile-check"), form_data(node, model_config=config)
+        reverse("nodes:profile-check"), profile_form_data(node, model_config=config)
     )
     assert response.status_code == 200
     assert "config.json" in response.content.decode()
@@ -263,7 +244,7 @@ def test_unusable_pasted_configs_are_reported_not_crashed(operator_client, node,
 
 def test_editing_keeps_env_values_and_flags_the_form_does_not_offer(operator_client):
     node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.9")
-    data = form_data(
+    data = profile_form_data(
         node,
         hicache_size="37",
         env="EXTRA_ARGS=a b c\nGREETING=it's",
@@ -278,6 +259,6 @@ def test_editing_keeps_env_values_and_flags_the_form_does_not_offer(operator_cli
 
 def test_an_absurd_host_pool_is_a_field_error(operator_client, node):
     response = operator_client.post(
-        reverse("nodes:profile-create"), form_data(node, hicache_size="9" * 30)
+        reverse("nodes:profile-create"), profile_form_data(node, hicache_size="9" * 30)
     )
     assert "hicache_size" in response.context["form"].errors

@@ -14,8 +14,8 @@ from nodes.services import tokens
 from nodes.workflows import discovery
 from tests.conftest import register_sim_node
 from tests.factories import make_node, make_user
+from tests.factories import profile_form_data as form_data
 from tests.htmx import post_until_read
-from tests.test_views_profiles import form_data
 
 pytestmark = pytest.mark.django_db(transaction=True)
 NODE_WORDS = ("NotADirectoryError", "FileNotFoundError", "Traceback", "Errno")

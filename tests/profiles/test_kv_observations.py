@@ -17,7 +17,7 @@ from benchmarks.kv_observations import (
     unavailable_reason,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GiB = 2**30
 LOGGED = [o for o in observations() if o.logged]
 

@@ -224,7 +224,7 @@ def test_damaged_or_hostile_keys_are_refused_quickly(admin_client_, fixture, mes
     import time
     from pathlib import Path
 
-    key = (Path(__file__).parent / "fixtures" / "keys" / fixture).read_text()
+    key = (Path(__file__).resolve().parents[1] / "fixtures" / "keys" / fixture).read_text()
     started = time.monotonic()
     response = admin_client_.post(
         reverse("nodes:credential-create"), {"name": "k", "private_key": key, "passphrase": "pw"}

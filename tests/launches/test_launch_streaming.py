@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import subprocess
 import threading
 import time
-from pathlib import Path
 
 import pytest
-import redis
 
 from nodes.models import Launch, LaunchLogLine
 from nodes.workflows import discovery
@@ -20,6 +17,7 @@ from tests.conftest import database_url, manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import wait_until
 from tests.panel import start_panel
+from tests.redis_server import OwnRedis
 from tests.sse import follow
 from tests.workers import Workers
 
@@ -28,52 +26,6 @@ CHATTY = (
     "SGLANG_STANDIN_CHATTER=400 SGLANG_STANDIN_CHATTER_SECONDS=8 python3 -m sglang.launch_server "
     "--model-path /srv/models/qwen2.5-7b --tp-size 2"
 )
-
-
-class OwnRedis:
-    """A redis-server of the test's own, on a free port, that the test can restart."""
-
-    def __init__(self, logs: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            self.port = sock.getsockname()[1]
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.logs = logs
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=open(self.logs / "redis.log", "ab"),  # noqa: SIM115
-            stderr=subprocess.STDOUT,
-        )
-        assert wait_until(lambda: self._answers(), 10), "redis-server did not start"
-
-    def _answers(self) -> bool:
-        try:
-            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping())
-        except redis.RedisError:
-            return False
-
-    def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-
-    def restart(self) -> None:
-        self.kill()
-        time.sleep(1.0)
-        self.start()
 
 
 @pytest.fixture

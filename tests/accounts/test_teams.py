@@ -19,7 +19,7 @@ from nodes.services.profiles import evaluate, save_revision
 from nodes.workflows import launching
 from tests.factories import make_node, make_user
 from tests.fleet import wait_until
-from tests.test_launches import node_fixture, wait_for
+from tests.launching import node_fixture, wait_for
 
 spare = node_fixture("spare")
 

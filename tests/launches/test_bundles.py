@@ -18,7 +18,7 @@ from nodes.services.bundles import read_bundle
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
-CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 SNAPSHOT = {
     "time": 1764547200.0,
     "meminfo": {"MemTotal": 449_000_000_000, "MemAvailable": 820_000_000},

@@ -11,10 +11,11 @@ import pytest
 from nodes.models import AuditEntry, Launch, LaunchLogLine, Reservation
 from nodes.models.choices import LaunchStatus
 from nodes.services import bundles
-from nodes.workflows import discovery, ending, launching
-from tests.conftest import manage_py, register_sim_node
+from nodes.workflows import ending, launching
+from tests.conftest import manage_py
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until
+from tests.launching import SMALL, node_fixture, sglang_processes, status_of, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 KIMI = "--model-path /srv/models/kimi-k2 --tp-size 8 --trust-remote-code"
@@ -26,36 +27,11 @@ INCIDENT = (
     f"python3 -m sglang.launch_server {KIMI} --mem-fraction-static 0.85 "
     "--enable-hierarchical-cache --hicache-size 300"
 )
-SMALL = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
-
-
-def status_of(launch: Launch) -> str:
-    launch.refresh_from_db()
-    return launch.status
-
-
-def wait_for(launch: Launch, *statuses: str, timeout: float = 90) -> str:
-    wait_until(lambda: status_of(launch) in statuses, timeout, 0.3)
-    return launch.status
 
 
 def gpu_used(sim, index: int) -> int:
     out = sim.ok(f"nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -i {index}")
     return int(out.strip())
-
-
-def sglang_processes(sim) -> list[str]:
-    """SGLang's own processes on the node: ranks by their title, servers by their command
-    (not the panel's launch control, whose source mentions SGLang while it runs)."""
-    found = []
-    for line in sim.ok("ps -eo pid,stat,args").splitlines()[1:]:
-        args = line.split(None, 2)[2] if len(line.split(None, 2)) == 3 else ""
-        words = args.split()
-        if words and (
-            words[0].startswith("sglang::") or words[1:3] == ["-m", "sglang.launch_server"]
-        ):
-            found.append(line)
-    return found
 
 
 def stored_lines(launch: Launch) -> list[tuple[int, str]]:
@@ -69,20 +45,6 @@ def assert_whole_log(launch: Launch, sim) -> None:
     assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1))
     written = sim.ok(f"cat {launch.remote_dir}/server.log").count("\n")
     assert len(rows) == written == launch.last_seq
-
-
-def node_fixture(name: str):
-    @pytest.fixture
-    def fixture(sim_fleet):
-        sim = sim_fleet[name]
-        sim.reboot()
-        node = register_sim_node(sim)
-        discovery.discover(node.pk)
-        node.refresh_from_db()
-        node.sim = sim
-        return node
-
-    return fixture
 
 
 incident = node_fixture("incident")

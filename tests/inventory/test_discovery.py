@@ -19,7 +19,7 @@ from tests.fleet import simfleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
 GiB = 2**30
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_discovery_through_the_worker_fills_the_inventory(sim_fleet, celery_worker):

@@ -15,7 +15,7 @@ from nodes.services.model_facts import model_facts
 from nodes.services.profiles import evaluate, save_revision
 from nodes.workflows import ending, launching
 from tests.fleet import wait_until
-from tests.test_launches import node_fixture, wait_for
+from tests.launching import node_fixture, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ARGS = ["--model-path", "/srv/models/qwen2.5-7b", "--tp-size", "2"]

@@ -22,7 +22,7 @@ from nodes.workflows import cleanup, discovery, ending, launching
 from tests.conftest import manage_py
 from tests.fleet import simfleet, wait_until
 from tests.htmx import follow
-from tests.test_launches import node_fixture, sglang_processes, wait_for
+from tests.launching import node_fixture, sglang_processes, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 QWEN = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"

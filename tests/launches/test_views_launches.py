@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import gzip
 import io
 import tarfile
-import threading
-from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -17,6 +14,7 @@ from django.urls import reverse
 from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision, Reservation
 from nodes.models.choices import LaunchStatus
 from tests.factories import make_node
+from tests.sse import in_fresh_loop, read_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -167,23 +165,6 @@ def test_an_archived_raw_log_is_served_masked_in_the_download_and_the_bundle(
         assert member is not None and member.read() == text
 
 
-async def _read_stream(response) -> str:
-    parts = []
-    async for chunk in response.streaming_content:
-        parts.append(chunk.decode() if isinstance(chunk, bytes) else chunk)
-    return "".join(parts)
-
-
-def in_fresh_loop(coroutine: Coroutine[Any, Any, Any]) -> Any:
-    """Run a coroutine on an event loop of its own thread: the browser tests leave Playwright's
-    loop on this one, and Django refuses to nest."""
-    box: dict[str, Any] = {}
-    thread = threading.Thread(target=lambda: box.update(value=asyncio.run(coroutine)))
-    thread.start()
-    thread.join(30)
-    return box["value"]
-
-
 def test_the_live_stream_resumes_after_the_last_event_id_and_ends(viewer, node, revision):
     launch = make_launch(revision, node, status=LaunchStatus.STOPPED, last_seq=3, log_complete=True)
     launch.started = launch.created
@@ -198,7 +179,7 @@ def test_the_live_stream_resumes_after_the_last_event_id_and_ends(viewer, node, 
         await client.aforce_login(viewer)
         response = await client.get(url, headers={"Last-Event-ID": "1"})
         anonymous = await AsyncClient().get(url)
-        return response, await _read_stream(response), anonymous.status_code
+        return response, await read_stream(response), anonymous.status_code
 
     response, body, anonymous = in_fresh_loop(fetch())
     assert response["Content-Type"] == "text/event-stream"

@@ -23,11 +23,11 @@ from nodes.models import (
 )
 from nodes.services import model_facts, profiles, tokens
 from nodes.services.audit import record
-from tests.factories import make_node, make_user
-from tests.test_views_diagnosis import INCIDENT, failed, pools
-from tests.test_views_launches import _read_stream, in_fresh_loop
+from tests.factories import make_failed, make_node, make_user, pool_lines
+from tests.sse import in_fresh_loop, read_stream
 
 pytestmark = pytest.mark.django_db(transaction=True)
+INCIDENT = ["--model-path", "/m", "--tp-size", "8", "--enable-hierarchical-cache"]
 GB = 10**9
 
 
@@ -45,7 +45,9 @@ def world() -> dict[str, Any]:
         reverse("nodes:profile-ownership", args=[profile.pk]),
         {"team": alpha.pk, "visibility": "team"},
     )
-    launch = failed(node, [*INCIDENT, "--hicache-size", "300"], pools(300), name="alpha-secret")
+    launch = make_failed(
+        node, [*INCIDENT, "--hicache-size", "300"], pool_lines(300), name="alpha-secret"
+    )
     assert launch.diagnosis_category == "host-oom-hicache"
     record("launch.create", actor=op1, obj=launch, after=launch.summary())
     for gpu in (0, 1):
@@ -87,7 +89,7 @@ def _stream_status(user: Any, launch: Launch) -> int:
         await client.aforce_login(user)
         response = await client.get(reverse("nodes:launch-events", args=[launch.pk]))
         if response.status_code == 200:
-            await _read_stream(response)
+            await read_stream(response)
         return int(response.status_code)
 
     return int(in_fresh_loop(fetch()))

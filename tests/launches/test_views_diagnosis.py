@@ -17,62 +17,16 @@ from nodes.models import (
     AuditEntry,
     BundleUpload,
     Launch,
-    LaunchLogLine,
-    LaunchProfile,
     ProfileRevision,
 )
 from nodes.models.choices import LaunchStatus
 from nodes.workflows import diagnosing
-from nodes.workflows.diagnosing import diagnose_launch
-from tests.factories import make_node
+from tests.factories import make_failed, make_node, pool_lines
 
 pytestmark = pytest.mark.django_db
-CASES = Path(__file__).resolve().parent / "fixtures" / "cases"
+CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
 GB = 10**9
 INCIDENT = ["--model-path", "/m", "--tp-size", "8", "--enable-hierarchical-cache"]
-
-
-def failed(node, args, lines, *, name="kimi", **fields) -> Launch:
-    profile, _ = LaunchProfile.objects.get_or_create(name=name, defaults={"created_by": "olga"})
-    revision = ProfileRevision.objects.create(
-        profile=profile,
-        number=profile.revisions.count() + 1,
-        args=args,
-        env={},
-        author="olga",
-        node=node,
-        verdict="block",
-        report={},
-    )
-    launch = Launch.objects.create(
-        revision=revision,
-        node=node,
-        gpus=list(range(8)),
-        port=30000,
-        created_by="olga",
-        startup_timeout_s=60,
-        status=LaunchStatus.FAILED,
-        exit_status=-9,
-        reason="sglang::scheduler_TP3 (PID 41) died during start-up",
-        last_seq=len(lines),
-        log_complete=True,
-        **fields,
-    )
-    LaunchLogLine.objects.bulk_create(
-        LaunchLogLine(launch=launch, seq=i, text=t) for i, t in enumerate(lines, 1)
-    )
-    diagnose_launch(launch.pk)
-    launch.refresh_from_db()
-    return launch
-
-
-def pools(size: int, ranks: int = 8) -> list[str]:
-    head = ["[2026-12-01 10:00:00] server_args=ServerArgs(...)", "Load weight end."]
-    return head + [
-        f"[2026-12-01 10:01:0{r} TP{r}] Allocating {size:.2f} GB host memory for hierarchical "
-        "KV cache."
-        for r in range(ranks)
-    ]
 
 
 @pytest.fixture
@@ -87,10 +41,10 @@ def incident(node):
         timeline.sample(30, 449 * GB, 200 * GB, {0: 60 * 2**30, 1: 61 * 2**30}),
         timeline.sample(50, 449 * GB, 1 * GB, {0: 88 * 2**30, 1: 88 * 2**30}),
     ]
-    return failed(
+    return make_failed(
         node,
         [*INCIDENT, "--hicache-size", "300"],
-        pools(300),
+        pool_lines(300),
         memory_timeline=samples,
     )
 
@@ -144,7 +98,7 @@ def test_a_viewer_cannot_apply_a_fix(viewer_client, incident):
 
 
 def test_a_diagnosis_without_a_flag_change_saves_nothing(operator_client, node):
-    launch = failed(
+    launch = make_failed(
         node,
         ["--model-path", "/m", "--tp-size", "2"],
         ["ValueError: nccl_port at 31417 is not available in 60 seconds."],
@@ -160,7 +114,7 @@ def test_a_diagnosis_without_a_flag_change_saves_nothing(operator_client, node):
 
 def test_failed_launches_are_listed_with_their_category_and_filtered(viewer_client, node, incident):
     other = make_node("gpu-02", sglang_version="0.5.9")
-    port = failed(
+    port = make_failed(
         other,
         ["--model-path", "/m", "--tp-size", "2"],
         ["ValueError: nccl_port at 31417 is not available in 60 seconds."],

@@ -15,7 +15,7 @@ from nodes.services import tokens
 from nodes.workflows import discovery, ending, launching
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until
-from tests.test_launches import SMALL, node_fixture, sglang_processes, status_of, wait_for
+from tests.launching import SMALL, node_fixture, sglang_processes, status_of, wait_for
 from tests.workers import FAST
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -16,7 +16,7 @@ from nodes.workflows import launching
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STATUSES = [s.value for s in LaunchStatus]
 
 

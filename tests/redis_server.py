@@ -1,0 +1,58 @@
+"""A redis-server of a test's own, which the test can stop and restart."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from tests.fleet import wait_until
+
+
+class OwnRedis:
+    """A redis-server of the test's own, on a free port, that the test can restart."""
+
+    def __init__(self, logs: Path) -> None:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.logs = logs
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ],
+            stdout=open(self.logs / "redis.log", "ab"),  # noqa: SIM115
+            stderr=subprocess.STDOUT,
+        )
+        assert wait_until(lambda: self._answers(), 10), "redis-server did not start"
+
+    def _answers(self) -> bool:
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_connect_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def restart(self) -> None:
+        self.kill()
+        time.sleep(1.0)
+        self.start()
