@@ -4,17 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AbstractBaseUser
 from django.db import models
 from django.http import HttpRequest
 
 from nodes.models import AuditEntry
+from nodes.types import Actor
 
 
 def record(
     action: str,
     *,
-    actor: AbstractBaseUser | AnonymousUser | None,
+    actor: Actor | None,
     obj: models.Model | None = None,
     before: dict[str, Any] | None = None,
     after: dict[str, Any] | None = None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
 from django.views.decorators.debug import sensitive_variables
@@ -11,8 +10,7 @@ from nodes import secrets, ssh
 from nodes.models import Node, SshCredential
 from nodes.models.choices import NodeStatus
 from nodes.services.audit import record
-
-Actor = AbstractBaseUser | AnonymousUser
+from nodes.types import Actor
 
 
 @sensitive_variables("private_key", "passphrase")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest
 
 from nodes.domain import remedy
@@ -21,8 +20,7 @@ from nodes.models.choices import (
     LaunchStatus,
 )
 from nodes.services import model_facts, profiles
-
-Actor = AbstractBaseUser | AnonymousUser
+from nodes.types import Actor
 
 
 def fix_check(launch: Launch, changes: dict[str, Any]) -> dict[str, Any] | None:

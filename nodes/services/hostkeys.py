@@ -7,7 +7,6 @@ new key (``discovery.trust_host_key``).
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
 
@@ -16,8 +15,7 @@ from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
-
-Actor = AbstractBaseUser | AnonymousUser
+from nodes.types import Actor
 
 
 def verify(node: Node, timeout: float = ssh.CONNECT_TIMEOUT_S) -> None:

@@ -5,15 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
 
 from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
 from nodes.services.audit import record
-
-Actor = AbstractBaseUser | AnonymousUser
+from nodes.types import Actor
 
 
 def save_node(

@@ -6,7 +6,6 @@ same input checks, the same budget, the same audit.
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.db.models import Max
 from django.http import HttpRequest
@@ -21,8 +20,7 @@ from nodes.services import calibrations, teams
 from nodes.services.audit import record
 from nodes.services.model_facts import ModelFacts, model_facts
 from nodes.services.teams import visible_profiles
-
-Actor = AbstractBaseUser | AnonymousUser
+from nodes.types import Actor
 
 
 class ProfileHidden(LookupError):

@@ -5,12 +5,11 @@ Views call these; templates never decide permissions.
 
 from __future__ import annotations
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-
 from nodes.models.choices import ROLE_ORDER, Role
+from nodes.types import Actor
 
 
-def role_of(user: AbstractBaseUser | AnonymousUser) -> Role | None:
+def role_of(user: Actor) -> Role | None:
     """The highest role the user holds; superusers are admins; ``None`` for no role."""
     if not user.is_authenticated or not user.is_active:
         return None
@@ -27,7 +26,7 @@ def role_of(user: AbstractBaseUser | AnonymousUser) -> Role | None:
     return role
 
 
-def has_role(user: AbstractBaseUser | AnonymousUser, role: Role) -> bool:
+def has_role(user: Actor, role: Role) -> bool:
     """True when the user holds ``role`` or a higher one."""
     held = role_of(user)
     return held is not None and ROLE_ORDER.index(held) >= ROLE_ORDER.index(role)

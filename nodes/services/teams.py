@@ -19,7 +19,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import CharField, Q, QuerySet
 from django.db.models.functions import Cast
 
@@ -27,11 +26,12 @@ from nodes.domain.gpu_holders import Holder
 from nodes.models import AuditEntry, Cleanup, Launch, LaunchProfile, Team
 from nodes.models.choices import Role
 from nodes.services.roles import has_role
+from nodes.types import Actor
 
 log = logging.getLogger(__name__)
 
 
-def _visible(user: AbstractBaseUser | AnonymousUser, profile: str = "") -> Q | None:
+def _visible(user: Actor, profile: str = "") -> Q | None:
     """The condition a row passes when ``user`` may see the profile at ``profile`` (a lookup
     path, "" for the profile itself); ``None`` when every row passes (an admin)."""
     if has_role(user, Role.ADMIN):
@@ -47,7 +47,7 @@ def _visible(user: AbstractBaseUser | AnonymousUser, profile: str = "") -> Q | N
     )
 
 
-def visible_profiles(user: AbstractBaseUser | AnonymousUser) -> QuerySet[LaunchProfile]:
+def visible_profiles(user: Actor) -> QuerySet[LaunchProfile]:
     """Profiles ``user`` may see: every one shown to everyone, and their teams' own; admins
     see all (a team-only profile whose team was deleted is seen by admins only). The same
     profiles are the ones ``user`` may write to (``may_write``)."""
@@ -56,20 +56,20 @@ def visible_profiles(user: AbstractBaseUser | AnonymousUser) -> QuerySet[LaunchP
     return profiles if condition is None else profiles.filter(condition)
 
 
-def may_write(user: AbstractBaseUser | AnonymousUser, profile: LaunchProfile) -> bool:
+def may_write(user: Actor, profile: LaunchProfile) -> bool:
     """Whether ``user`` may add revisions to ``profile`` (fix, revert, edit, import, API):
     whoever may see it. Callers answer 404 otherwise, as for a profile that does not exist."""
     return visible_profiles(user).filter(pk=profile.pk).exists()
 
 
-def visible_launches(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Launch]:
+def visible_launches(user: Actor) -> QuerySet[Launch]:
     """Launches ``user`` may see: those of the profiles ``visible_profiles`` gives."""
     condition = _visible(user, "revision__profile__")
     launches = Launch.objects.all()
     return launches if condition is None else launches.filter(condition)
 
 
-def hidden_launches(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Launch]:
+def hidden_launches(user: Actor) -> QuerySet[Launch]:
     """Launches of team-only profiles ``user`` is not a member of (none for an admin)."""
     condition = _visible(user, "revision__profile__")
     return Launch.objects.none() if condition is None else Launch.objects.exclude(condition)
@@ -81,14 +81,12 @@ def team_only_launches() -> QuerySet[Launch]:
     return Launch.objects.filter(revision__profile__visibility=LaunchProfile.Visibility.TEAM)
 
 
-def visible_cleanups(user: AbstractBaseUser | AnonymousUser) -> QuerySet[Cleanup]:
+def visible_cleanups(user: Actor) -> QuerySet[Cleanup]:
     """Cleanups ``user`` may see: those about no launch, or about a launch they may see."""
     return Cleanup.objects.exclude(launch__in=hidden_launches(user))
 
 
-def visible_audit(
-    user: AbstractBaseUser | AnonymousUser, entries: QuerySet[AuditEntry]
-) -> QuerySet[AuditEntry]:
+def visible_audit(user: Actor, entries: QuerySet[AuditEntry]) -> QuerySet[AuditEntry]:
     """``entries`` without those about what ``user`` may not see: a hidden launch or profile,
     or a node's cleanup of a hidden launch (its ``after`` names the launch)."""
     if _visible(user) is None:
@@ -111,7 +109,7 @@ def visible_audit(
     )
 
 
-def mask_launch_ids(user: AbstractBaseUser | AnonymousUser, texts: list[str]) -> list[str]:
+def mask_launch_ids(user: Actor, texts: list[str]) -> list[str]:
     """``texts`` with each ``launch #N`` of a launch hidden from ``user`` said as "a team-only
     launch" (node events name launches in words)."""
     named = {int(n) for text in texts for n in _LAUNCH_ID.findall(text)}
@@ -124,7 +122,7 @@ def mask_launch_ids(user: AbstractBaseUser | AnonymousUser, texts: list[str]) ->
     ]
 
 
-def mask_holders(user: AbstractBaseUser | AnonymousUser, holders: Iterable[Holder]) -> None:
+def mask_holders(user: Actor, holders: Iterable[Holder]) -> None:
     """Make each GPU holder of a launch hidden from ``user`` say only that it is a team-only
     launch's: its launch id and command are dropped (in place)."""
     found = [h for h in holders if h.launch_id is not None]
@@ -134,7 +132,7 @@ def mask_holders(user: AbstractBaseUser | AnonymousUser, holders: Iterable[Holde
             holder.launch_id, holder.command, holder.team_only = None, "", True
 
 
-def mask_holder_json(user: AbstractBaseUser | AnonymousUser, gpus: list[dict[str, Any]]) -> None:
+def mask_holder_json(user: Actor, gpus: list[dict[str, Any]]) -> None:
     """``mask_holders`` for GPU states as stored (a cleanup's result: ``[{"holders": [{"pid",
     "command", "launch_id", …}]}]``), in place."""
     found = [h for g in gpus for h in g.get("holders") or [] if isinstance(h, dict)]
@@ -146,7 +144,7 @@ def mask_holder_json(user: AbstractBaseUser | AnonymousUser, gpus: list[dict[str
             holder.update(launch_id=None, command="", team_only=True)
 
 
-def _hidden_among(user: AbstractBaseUser | AnonymousUser, ids: set[int]) -> set[int]:
+def _hidden_among(user: Actor, ids: set[int]) -> set[int]:
     if not ids:
         return set()
     return set(hidden_launches(user).filter(pk__in=ids).values_list("pk", flat=True))

@@ -17,7 +17,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.contrib.auth.models import AnonymousUser
 from django.utils import timezone
 
 from nodes import ssh
@@ -40,8 +40,7 @@ from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.holders import Inspection, inspect
 from nodes.services.reservations import release, release_gpus
-
-Actor = AbstractBaseUser | AnonymousUser
+from nodes.types import Actor
 
 STEPS = {
     "a": "SIGTERM the launch's process group, wait",

@@ -13,7 +13,6 @@ import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.http import HttpRequest
 
 from nodes import ssh
@@ -30,12 +29,11 @@ from nodes.services import readings
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.readings import save_live, save_unreachable
+from nodes.types import Actor
 
 log = logging.getLogger(__name__)
 
 HEARTBEAT_TIMEOUT_S = 10.0
-
-Actor = AbstractBaseUser | AnonymousUser
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import connection
 from django.db.models import Q
 from django.http import HttpRequest
@@ -32,10 +31,9 @@ from nodes.services import launch_state, notifications
 from nodes.services.audit import record
 from nodes.services.reservations import still_reserved
 from nodes.services.teardown import finish, stop_remote
+from nodes.types import Actor
 
 log = logging.getLogger(__name__)
-
-Actor = AbstractBaseUser | AnonymousUser
 
 
 @dataclass

@@ -12,7 +12,6 @@ import secrets as pysecrets
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.http import HttpRequest
 from django.utils import timezone
@@ -39,10 +38,10 @@ from nodes.services.launch_flags import args_of, flags_for, masked
 from nodes.services.model_facts import ModelFacts, model_facts
 from nodes.services.profiles import env_problems, evaluate, input_problem
 from nodes.services.reservations import release, reserve
+from nodes.types import Actor
 
 log = logging.getLogger(__name__)
 
-Actor = AbstractBaseUser | AnonymousUser
 
 REMOTE_ROOT = "~/.rankwise/launches"
 
