@@ -157,56 +157,18 @@ def _state_context(launch: Launch) -> dict[str, Any]:
     timeline, the estimate beside the server's figures."""
     progress = Progress.from_json(launch.progress)
     diagnosis = fixes.stored(launch)
-    reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
-    phases = [
-        {"key": key, "label": label, "done": i < reached, "current": i == reached}
-        for i, (key, label) in enumerate(PHASES)
-    ]
-    failed = [c for c in launch.checks or [] if not c.get("passed")]
     estimate = launch.estimate or {}
     info = launch.server_info or {}
-    usage = info.get("memory_usage") or {}
-    weights = estimate.get("weights_bytes_per_rank")
-    free = estimate.get("free_before_load_bytes")
-    rows = [
-        (
-            "Device KV pool (tokens per rank)",
-            estimate.get("device_kv_tokens_per_rank"),
-            info.get("max_total_num_tokens") or progress.numbers.get("max_total_num_tokens"),
-        ),
-        (
-            "Weights per rank (GiB)",
-            round(weights / 2**30, 2) if weights else None,
-            progress.numbers.get("weights_gib"),
-        ),
-        (
-            "Free GPU memory before weights (GiB)",
-            round(free / 2**30, 2) if free else None,
-            progress.numbers.get("avail_mem_gib"),
-        ),
-        (
-            "Host pool per rank (GB)",
-            round(estimate["host_pool_bytes_per_rank"] / 1e9, 2)
-            if estimate.get("host_pool_bytes_per_rank")
-            else None,
-            progress.numbers.get("host_pool_gb"),
-        ),
-    ]
-    # The estimate's error against what the server did, in percent of the observed figure.
-    comparison = [
-        (label, est, real, f"{(est - real) / real * 100:+.1f} %" if est and real else "—")
-        for label, est, real in rows
-    ]
     return {
         "launch": launch,
         "progress": progress,
         "percent": round(progress.fraction() * 100),
         "phase_label": phase_label(progress.phase),
-        "phases": phases,
-        "failed_checks": failed,
-        "comparison": comparison,
+        "phases": _phases(progress),
+        "failed_checks": [c for c in launch.checks or [] if not c.get("passed")],
+        "comparison": _comparison(estimate, info, progress),
         "calibration": estimate.get("calibration") or {},
-        "usage": usage,
+        "usage": info.get("memory_usage") or {},
         "ended": launch.status in LAUNCH_ENDED,
         # A failed launch is diagnosed right after it fails, again once its log is whole.
         "settled": launch.status in LAUNCH_ENDED
@@ -223,6 +185,43 @@ def _state_context(launch: Launch) -> dict[str, Any]:
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
         ),
     }
+
+
+def _phases(progress: Progress) -> list[dict[str, Any]]:
+    """The phase bar: each start-up phase, done, current or to come."""
+    reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
+    return [
+        {"key": key, "label": label, "done": i < reached, "current": i == reached}
+        for i, (key, label) in enumerate(PHASES)
+    ]
+
+
+def _comparison(
+    estimate: dict[str, Any], info: dict[str, Any], progress: Progress
+) -> list[tuple[str, Any, Any, str]]:
+    """``(figure, estimated, observed, error)`` rows: the budget's estimate beside what the
+    server logged and reported, the error in percent of the observed figure."""
+    weights = estimate.get("weights_bytes_per_rank")
+    free = estimate.get("free_before_load_bytes")
+    pool = estimate.get("host_pool_bytes_per_rank")
+    numbers = progress.numbers
+    rows = [
+        (
+            "Device KV pool (tokens per rank)",
+            estimate.get("device_kv_tokens_per_rank"),
+            info.get("max_total_num_tokens") or numbers.get("max_total_num_tokens"),
+        ),
+        ("Weights per rank (GiB)", round(weights / 2**30, 2) if weights else None,
+         numbers.get("weights_gib")),
+        ("Free GPU memory before weights (GiB)", round(free / 2**30, 2) if free else None,
+         numbers.get("avail_mem_gib")),
+        ("Host pool per rank (GB)", round(pool / 1e9, 2) if pool else None,
+         numbers.get("host_pool_gb")),
+    ]  # fmt: skip
+    return [
+        (label, est, real, f"{(est - real) / real * 100:+.1f} %" if est and real else "—")
+        for label, est, real in rows
+    ]
 
 
 @require_GET

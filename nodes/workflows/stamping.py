@@ -34,17 +34,7 @@ def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
         used = {g.index: g.memory_used_bytes for g in facts.gpus if g.index in launch.gpus}
     except ssh.RemoteError:
         used = {}
-    before = {int(k): int(v) for k, v in (launch.gpu_used_before or {}).items()}
-    numbers = (launch.progress or {}).get("numbers") or {}
-    info = launch.server_info or {}
-    observed: dict[str, Any] = {
-        "gpu_used_bytes": {str(i): max(b - before.get(i, 0), 0) for i, b in used.items()},
-        "host_pool_bytes_per_rank": round(numbers["host_pool_gb"] * 1e9)
-        if numbers.get("host_pool_gb")
-        else None,
-        "max_total_num_tokens": info.get("max_total_num_tokens")
-        or numbers.get("max_total_num_tokens"),
-    }
+    observed = footprint(launch, used)
     healthy = int((timezone.now() - launch.ready_at).total_seconds()) if launch.ready_at else 0
     try:
         with transaction.atomic():
@@ -80,3 +70,18 @@ def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
         },
     )
     return stamp
+
+
+def footprint(launch: Launch, used: dict[int, int]) -> dict[str, Any]:
+    """What the server really used: GPU memory per GPU now (``used``, bytes) less what each
+    held before the launch, the host pool per rank it logged (bytes), its KV tokens."""
+    before = {int(k): int(v) for k, v in (launch.gpu_used_before or {}).items()}
+    numbers = (launch.progress or {}).get("numbers") or {}
+    info = launch.server_info or {}
+    pool_gb = numbers.get("host_pool_gb")
+    return {
+        "gpu_used_bytes": {str(i): max(b - before.get(i, 0), 0) for i, b in used.items()},
+        "host_pool_bytes_per_rank": round(pool_gb * 1e9) if pool_gb else None,
+        "max_total_num_tokens": info.get("max_total_num_tokens")
+        or numbers.get("max_total_num_tokens"),
+    }
