@@ -115,21 +115,35 @@ def launch_args(args: Sequence[str], flags: ParsedCommand, port: int) -> list[st
     return out
 
 
+#: The kernel's name of a scheduler rank (its title cut to 15 characters, TASK_COMM_LEN - 1).
+RANK_COMM = "sglang::schedul"
+
+
 def dead_ranks(seen: dict[int, str], members: Iterable[dict[str, object]]) -> list[str]:
     """Scheduler ranks (``sglang::scheduler…`` titles, §4) seen before and now gone or
-    defunct. Updates ``seen`` with the ranks alive now. Returns "title (PID n)" of the dead."""
+    defunct, and defunct ranks never seen alive (a rank that died before the follower first
+    looked: the kernel keeps its 15-character name, ``sglang::schedul``, after its command line
+    is gone). Updates ``seen`` with the ranks alive now. Returns "title (PID n)" of the dead."""
     now: dict[int, tuple[str, str]] = {}
+    unseen: list[str] = []
     for member in members:
-        command = str(member.get("command", ""))
+        command, state = str(member.get("command", "")), str(member.get("state", ""))
+        pid = int(str(member["pid"]))
         if command.startswith("sglang::scheduler"):
-            now[int(str(member["pid"]))] = (command.split()[0], str(member.get("state", "")))
+            now[pid] = (command.split()[0], state)
+        elif (
+            state in ("Z", "X")
+            and pid not in seen
+            and str(member.get("name", "")).startswith(RANK_COMM)
+        ):
+            unseen.append(f"sglang::scheduler (PID {pid}, defunct)")
     dead = [
         f"{title} (PID {pid})"
         for pid, title in seen.items()
         if pid not in now or now[pid][1] in ("Z", "X")
     ]
     seen.update({pid: title for pid, (title, state) in now.items() if state not in ("Z", "X")})
-    return dead
+    return dead + unseen
 
 
 def check_port_numbers(ports: Iterable[int]) -> None:

@@ -656,7 +656,7 @@ class _GpuMemory:
 def watch(folder: str, interval: float, beat: float) -> None:
     """Print the launch's status whenever it changes, until the panel closes the channel (the
     next write finds the pipe broken)."""
-    gpus = _GpuMemory()
+    gpus: _GpuMemory | None = None  # opened after the first line: NVML can take a while
     known: list[int] = []
     last_key, last_sent, last_full = None, 0.0, 0.0
     while True:
@@ -683,7 +683,7 @@ def watch(folder: str, interval: float, beat: float) -> None:
                 "MemTotal": memory.get("MemTotal"),
                 "MemAvailable": memory.get("MemAvailable"),
             }
-            doc["gpu_used"] = gpus.used()
+            doc["gpu_used"] = gpus.used() if gpus is not None else None
             doc["time"] = time.time()
             try:
                 sys.stdout.write(json.dumps(doc) + "\n")
@@ -691,6 +691,8 @@ def watch(folder: str, interval: float, beat: float) -> None:
             except BrokenPipeError:  # the panel closed the channel: done
                 return
             last_key, last_sent = key, now
+        if gpus is None:
+            gpus = _GpuMemory()
         time.sleep(interval)
 
 

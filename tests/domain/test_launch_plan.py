@@ -156,3 +156,12 @@ def test_ranks_that_die_or_turn_defunct_are_reported_once_seen():
     assert plan.dead_ranks(seen, alive[:2]) == ["sglang::scheduler_TP1 (PID 12)"]
     zombie = [alive[0], {**alive[1], "state": "Z"}]
     assert "sglang::scheduler_TP0 (PID 11)" in plan.dead_ranks(seen, zombie)
+
+
+def test_a_rank_that_died_before_it_was_first_seen_is_dead_too():
+    # Killed before the follower first looked: only the kernel's 15-character name is left.
+    defunct = {"pid": 52, "command": "[sglang::schedul]", "name": "sglang::schedul", "state": "Z"}
+    alive = {"pid": 51, "command": "sglang::scheduler_TP0", "name": "sglang::schedul", "state": "S"}
+    assert plan.dead_ranks({}, [alive, defunct]) == ["sglang::scheduler (PID 52, defunct)"]
+    other = {"pid": 60, "command": "[python3]", "name": "python3", "state": "Z"}
+    assert plan.dead_ranks({}, [alive, other]) == []
