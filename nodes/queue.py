@@ -47,6 +47,13 @@ def send(task: str, *args: Any, **options: Any) -> AsyncResult[Any]:
         raise
 
 
+def result(task_id: str) -> AsyncResult[Any]:
+    """The handle of the task ``task_id`` on the panel's own Celery app (its result store)."""
+    from controlpanel.celery import app
+
+    return AsyncResult(task_id, app=app)
+
+
 Unavailable = Callable[[QueueUnavailable], None]
 
 

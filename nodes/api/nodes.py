@@ -94,6 +94,8 @@ def gpu_holders(request: HttpRequest, name: str) -> Any:
     runs on the node, so it needs an operator's token (403 for a viewer's)."""
     require(request, Role.OPERATOR)
     node = named(name)
+    if not node.host_key:  # nothing is run on a node nobody trusted
+        return Status(409, {"detail": f"{node.name}'s host key is not trusted yet"})
     try:
         target_for(node)  # a node that may not be contacted is refused here, not by a worker
         reading = send("nodes.read_holders", node.pk).get(timeout=HOLDERS_WAIT_S)

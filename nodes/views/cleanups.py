@@ -42,6 +42,8 @@ def _reading(request: HtmxHttpRequest, node: Node, launch: Launch | None) -> dic
     asked = request.GET.get("reading") or request.POST.get("reading") or ""
     tries = int(t) if (t := request.GET.get("tries", "")).isdigit() else 0
     context: dict[str, Any] = {"node": node, "launch": launch, "tries": tries + 1}
+    if not node.host_key:  # nothing is run on a node nobody trusted
+        return {**context, "error": f"{node.name}'s host key is not trusted yet"}
     state = task_state(asked, "GPU holders")
     if state is None:
         reading = str(uuid.uuid4())

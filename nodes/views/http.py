@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from functools import wraps
 from typing import Any
 
-from celery.result import AsyncResult
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponseBase
@@ -20,6 +19,7 @@ from django_htmx.middleware import HtmxDetails
 from kombu.exceptions import OperationalError
 from redis.exceptions import RedisError
 
+from nodes import queue
 from nodes.models.choices import Role
 from nodes.services.roles import has_role
 
@@ -72,7 +72,7 @@ def task_state(task_id: str, what: str) -> TaskState | None:
     the task in its error ("the discovery task crashed…")."""
     if not TASK_ID.fullmatch(task_id):
         return None
-    result: AsyncResult[Any] = AsyncResult(task_id)
+    result = queue.result(task_id)
     try:
         if not result.ready():
             return TaskState(task_id, running=True)
