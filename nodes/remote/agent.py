@@ -675,7 +675,9 @@ def watch(folder: str, interval: float, beat: float) -> None:
             doc["alive"],
             doc["exit_status"],
             doc["pid"],
-            [(p["pid"], p["state"], p["command"]) for p in found],
+            # Running or sleeping is no change (a busy rank flips between them every tick);
+            # defunct, gone or stuck in D is.
+            [(p["pid"], p["state"] if p["state"] in "ZXD" else "", p["command"]) for p in found],
         )
         if key != last_key or now - last_sent >= beat or not doc["alive"]:
             memory = meminfo()
