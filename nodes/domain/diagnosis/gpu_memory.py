@@ -7,7 +7,7 @@ import math
 import re
 
 from nodes.domain.diagnosis.evidence import LOAD_BEGIN, LOAD_END, Bundle, Diagnosis, GiB, _fmt, _num
-from nodes.domain.diagnosis.gpu_holders import OOM_BEFORE_2_1, oom_figures
+from nodes.domain.diagnosis.pytorch_oom import OOM_BEFORE_2_1, oom_figures
 
 NOT_ENOUGH_KV = re.compile(
     r"Not enough memory\. Please try to increase --mem-fraction-static|Loaded weights leave no "
