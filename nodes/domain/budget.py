@@ -13,11 +13,12 @@ state pools and sliding-window pools follow SGLang's splits (see ``_split``). Al
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from packaging.version import Version
 
+from nodes.domain.budget_types import BudgetReport, Message, NodeMemory, Observed
 from nodes.domain.checkpoint import HeaderError
 from nodes.domain.checkpoint import per_rank as from_headers
 from nodes.domain.geometry import ModelGeometry, kv_bytes_per_token, kv_elem_bytes
@@ -25,6 +26,25 @@ from nodes.domain.gpu_overhead import overhead_bytes
 from nodes.domain.sglang_flags import ParsedCommand, sglang_version
 from nodes.domain.units import GB, GiB, format_bytes
 from nodes.domain.weights import per_rank as weights_per_rank
+
+__all__ = [
+    "DEFAULT_HICACHE_RATIO",
+    "DEFAULT_MAMBA_FULL_MEMORY_RATIO",
+    "DEFAULT_OS_HEADROOM_BYTES",
+    "DEFAULT_SWA_FULL_TOKENS_RATIO",
+    "PINNED_SHARE_WARN",
+    "SGLANG_HOST_RESERVE_BYTES",
+    "V0_5_6",
+    "V0_5_13",
+    "V0_5_19",
+    "V0_5_21",
+    "BudgetReport",
+    "Message",
+    "NodeMemory",
+    "Observed",
+    "check",
+    "default_mem_fraction",
+]
 
 SGLANG_HOST_RESERVE_BYTES = 10 * GiB  # §2: available − 10 GiB in every version
 #: --mamba-full-memory-ratio and --swa-full-tokens-ratio defaults (0.5.9 flag table).
@@ -34,75 +54,6 @@ DEFAULT_OS_HEADROOM_BYTES = 4 * GiB
 # Pinned (page-locked) memory cannot be reclaimed; a node with 57 % of its RAM pinned was
 # OOM-killed under load (case C01). Above half of RAM we warn.
 PINNED_SHARE_WARN = 0.5
-
-
-@dataclass(frozen=True)
-class NodeMemory:
-    """A node as the budget sees it. ``gpu_used_bytes`` is what other processes hold now."""
-
-    gpu_memory_bytes: tuple[int, ...]
-    host_ram_bytes: int | None
-    mem_available_bytes: int | None = None
-    cgroup_limit_bytes: int | None = None
-    gpu_used_bytes: tuple[int, ...] | None = None
-    gpu_names: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Figures SGLang logged for this model on this GPU class, replacing the estimates.
-
-    ``free_before_load_bytes``: ``Load weight begin. avail mem=`` (the minimum over the GPUs);
-    ``weights_per_rank_bytes``: ``Load weight end. … mem usage=``. ``label`` says where they
-    came from ("observed", or "calibrated from launch #12 on node-b"); ``kind`` is
-    ``observed`` or ``calibrated``.
-    """
-
-    free_before_load_bytes: int | None = None
-    weights_per_rank_bytes: int | None = None
-    label: str = "observed"
-    kind: str = "observed"
-
-
-@dataclass(frozen=True)
-class Message:
-    """``level`` is ``info``, ``warn`` or ``block``; ``code`` a stable identifier."""
-
-    level: str
-    code: str
-    text: str
-
-
-@dataclass
-class BudgetReport:
-    """The verdict (``ok``, ``warn``, ``block``), every line of the arithmetic, and the fix."""
-
-    verdict: str = "ok"
-    lines: list[str] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-    ranks_per_node: int | None = None
-    device_kv_tokens_per_rank: int | None = None
-    device_kv_bytes_per_rank: int | None = None
-    host_pool_bytes_per_rank: int | None = None
-    host_pool_bytes_per_node: int | None = None
-    host_budget_bytes: int | None = None
-    suggestion: dict[str, Any] | None = None
-    weights_bytes_per_rank: int | None = None
-    free_before_load_bytes: int | None = None
-    #: Where the two figures came from: ``source`` (observed, calibrated, estimate, partly
-    #: observed), ``label`` in words, and ``free_before_load``/``weights`` each.
-    calibration: dict[str, str] = field(default_factory=dict)
-
-    def add(self, level: str, code: str, text: str) -> None:
-        self.messages.append(Message(level, code, text))
-        rank = {"ok": 0, "info": 0, "warn": 1, "block": 2}
-        if rank[level] > rank[self.verdict]:
-            self.verdict = level
-
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["messages"] = [asdict(m) for m in self.messages]
-        return doc
 
 
 def default_mem_fraction(gpu_bytes: int, tp: int, pp: int) -> float:
