@@ -8,24 +8,27 @@ per token, capped by ``--max-total-tokens``, rounded down to pages), §3b (weigh
 more than checkpoint ÷ TP: ``nodes.domain.weights``; free memory before load is the card less
 CUDA context and NCCL: ``nodes.domain.gpu_overhead``), §9 (validation rules). Figures SGLang
 logged (``Load weight begin/end``) replace both estimates when given (``Observed``). Hybrid
-state pools and sliding-window pools follow SGLang's splits (see ``_split``). All sizes are bytes.
+state pools and sliding-window pools follow SGLang's splits (``budget_device._split``). All sizes
+are bytes. The device pool is sized in ``budget_device``; its public names are re-exported here.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
 from typing import Any
 
 from packaging.version import Version
 
+from nodes.domain.budget_device import (
+    DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    DevicePool,
+    default_mem_fraction,
+    device_pool,
+)
 from nodes.domain.budget_types import BudgetReport, Message, NodeMemory, Observed
-from nodes.domain.checkpoint import HeaderError
-from nodes.domain.checkpoint import per_rank as from_headers
-from nodes.domain.geometry import ModelGeometry, kv_bytes_per_token, kv_elem_bytes
-from nodes.domain.gpu_overhead import overhead_bytes
+from nodes.domain.geometry import ModelGeometry
 from nodes.domain.sglang_flags import ParsedCommand, sglang_version
 from nodes.domain.units import GB, GiB, format_bytes
-from nodes.domain.weights import per_rank as weights_per_rank
 
 __all__ = [
     "DEFAULT_HICACHE_RATIO",
@@ -47,27 +50,10 @@ __all__ = [
 ]
 
 SGLANG_HOST_RESERVE_BYTES = 10 * GiB  # §2: available − 10 GiB in every version
-#: --mamba-full-memory-ratio and --swa-full-tokens-ratio defaults (0.5.9 flag table).
-DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
-DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
 DEFAULT_OS_HEADROOM_BYTES = 4 * GiB
 # Pinned (page-locked) memory cannot be reclaimed; a node with 57 % of its RAM pinned was
 # OOM-killed under load (case C01). Above half of RAM we warn.
 PINNED_SHARE_WARN = 0.5
-
-
-def default_mem_fraction(gpu_bytes: int, tp: int, pp: int) -> float:
-    """SGLang's default mem-fraction-static (§1c, ``server_args.py`` @0.5.2)."""
-    gpu = gpu_bytes / GiB
-    if gpu < 35:
-        reserve = 2.8 + tp * pp / 10
-    elif gpu < 90:
-        reserve = 9.5 + tp * pp / 2
-    elif gpu < 160:
-        reserve = 12 + tp * pp / 2
-    else:
-        reserve = 32
-    return round((gpu - reserve) / gpu, 3)
 
 
 # Where SGLang's behaviour changed (§2, §1d), compared as pip orders versions (PEP 440): "up to
@@ -117,7 +103,7 @@ def check(
     if ranks is None:
         return report
     _gpus_and_heads(flags, node, geometry, ranks, report)
-    device = _device_pool(flags, node, geometry, weights_bytes, report, observed or Observed())
+    device = device_pool(flags, node, geometry, weights_bytes, report, observed or Observed())
     _host_pool(flags, node, geometry, device, ranks, report, vkey, os_headroom_bytes)
     _capacity(device, report, request_tokens)
     return report
@@ -226,271 +212,11 @@ def _gpus_and_heads(
         )
 
 
-@dataclass(frozen=True)
-class _Device:
-    tokens: int | None
-    kv_bytes: int | None
-    cell: int | None
-    pre: int | None = None  # free GPU memory before weights, bytes
-    weights: int | None = None  # weights per rank, bytes
-
-
-def _device_pool(
-    flags: ParsedCommand,
-    node: NodeMemory,
-    geometry: ModelGeometry | None,
-    weights_bytes: int | None,
-    report: BudgetReport,
-    observed: Observed,
-) -> _Device:
-    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
-    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
-    dtype = str(flags.get("kv_cache_dtype", default="auto"))
-    attention_tp = _attention_tp(flags, tp)
-    cell = None
-    if geometry is not None and geometry.unknown_layout is None:
-        cell = kv_bytes_per_token(
-            geometry, attention_tp, pp, kv_elem_bytes(dtype, geometry.torch_dtype)
-        )
-        kind = (
-            "MLA latent, replicated on every rank"
-            if geometry.is_mla
-            else "K and V heads of this rank"
-        )
-        if geometry.index_head_dim:
-            kind += ", plus the DSA indexer's fp8 keys"
-        if geometry.attention_layers is not None:
-            kind += f"; {geometry.attention_layers} of {geometry.layers} layers keep KV"
-        report.lines.append(
-            f"KV bytes per token per rank: {cell:,} ({kind}, kv-cache-dtype {dtype})"
-        )
-    pre, weights = _figures(flags, node, geometry, weights_bytes, report, observed, tp, pp)
-    if geometry is not None and geometry.unknown_layout is not None:
-        report.add(
-            "warn",
-            "estimate_unavailable",
-            f"estimate unavailable: {geometry.unknown_layout}. The device KV pool is not "
-            "estimated rather than guessed; a launch's own 'KV Cache is allocated' line gives it.",
-        )
-        return _Device(None, None, None, pre, weights)
-    if not node.gpu_memory_bytes or geometry is None or pre is None or weights is None or not cell:
-        report.add(
-            "info",
-            "device_unknown",
-            "Device pool not estimated: the model's config.json and checkpoint size are needed",
-        )
-        return _Device(None, None, cell)
-    mfs = flags.get("mem_fraction_static")
-    total = min(node.gpu_memory_bytes)
-    mfs = float(mfs) if mfs is not None else default_mem_fraction(total, tp, pp)
-    after = pre - weights
-    reserve = int(pre * (1 - mfs))
-    rest = after - reserve
-    report.lines.append(
-        f"Rest for the KV cache: {format_bytes(after, places=2)} free after weights − "
-        f"{format_bytes(pre, places=2)} × (1 − mem-fraction-static {mfs}) = "
-        f"{format_bytes(rest, places=2)}"
-    )
-    if rest <= 0:
-        needed = round(weights / pre + 0.05, 2)
-        if needed <= 0.95:
-            fix = (
-                f"Raise --mem-fraction-static to about {needed}, or spread the model over more "
-                "GPUs."
-            )
-            report.suggestion = {"--mem-fraction-static": needed}
-        else:
-            fix = (
-                "The weights do not fit these GPUs at this TP size: use more GPUs (a larger "
-                "--tp-size)."
-            )
-        report.add(
-            "block",
-            "no_kv_room",
-            f"The weights ({format_bytes(weights, places=2)} per rank) fill the static pool "
-            f"({format_bytes(int(pre * mfs), places=2)}): no room for the KV cache. {fix}",
-        )
-        return _Device(0, 0, cell, pre, weights)
-    tokens = _split(flags, geometry, rest, cell, report, attention_tp)
-    if tokens is None:
-        return _Device(None, None, cell, pre, weights)
-    cap = flags.get("max_total_tokens")
-    if cap is not None and int(cap) < tokens:
-        report.lines.append(f"  capped by --max-total-tokens {int(cap):,}")
-        tokens = int(cap)
-    page = int(flags.get("page_size", default=1) or 1)
-    if page > 1:
-        tokens = tokens // page * page
-        report.lines.append(f"  rounded down to pages of {page}: {tokens:,} tokens")
-    kv = tokens * cell
-    report.device_kv_tokens_per_rank = tokens
-    report.device_kv_bytes_per_rank = kv
-    report.lines.append(
-        f"Device KV pool per rank: {tokens:,} tokens ({format_bytes(kv, places=2)})"
-    )
-    headroom = reserve
-    reference = int((1 - default_mem_fraction(total, tp, pp)) * total)
-    report.lines.append(
-        f"Headroom for activations and CUDA graphs: {format_bytes(headroom, places=2)} "
-        f"(SGLang's default leaves {format_bytes(reference, places=2)} on this GPU)"
-    )
-    if headroom < reference // 2:
-        report.add(
-            "warn",
-            "low_headroom",
-            f"Only {format_bytes(headroom, places=2)} per GPU is left for activations and CUDA "
-            f"graphs (SGLang's default keeps {format_bytes(reference, places=2)}): CUDA-graph "
-            "capture or the first large batch may run out of GPU memory.",
-        )
-    return _Device(tokens, kv, cell, pre, weights)
-
-
-def _attention_tp(flags: ParsedCommand, tp: int) -> int:
-    """Attention TP size: tp ÷ dp under DP attention (each attention-DP rank keeps its own
-    requests' KV), else tp."""
-    dp = int(flags.get("dp_size", "data_parallel_size", default=1))
-    attn_dp = int(flags.get("attn_dp_size", default=1) or 1)
-    if flags.get("enable_dp_attention", default=False) and dp > 1:
-        attn_dp = dp
-    return max(1, tp // attn_dp) if attn_dp > 1 else tp
-
-
-def _figures(
-    flags: ParsedCommand,
-    node: NodeMemory,
-    geometry: ModelGeometry | None,
-    weights_bytes: int | None,
-    report: BudgetReport,
-    observed: Observed,
-    tp: int,
-    pp: int,
-) -> tuple[int | None, int | None]:
-    """Free memory before load and weights per rank: observed where given, else estimated."""
-    pre = observed.free_before_load_bytes
-    kinds = {}
-    if pre is not None:
-        report.lines.append(
-            f"Free GPU memory before weights: {format_bytes(pre, places=2)} ({observed.label})"
-        )
-        kinds["free_before_load"] = observed.kind
-    elif node.gpu_memory_bytes:
-        total = min(node.gpu_memory_bytes)
-        # The ranks take the least-used GPUs; the fullest of those bounds every rank's pool.
-        busy = sorted(node.gpu_used_bytes or (0,))
-        used = busy[min(len(busy), max(1, tp * pp)) - 1]
-        name = node.gpu_names[0] if node.gpu_names else None
-        overhead = overhead_bytes(
-            name, tp, custom_all_reduce=not flags.get("disable_custom_all_reduce", default=False)
-        )
-        pre = total - used - overhead
-        report.lines.append(
-            f"Free GPU memory before weights: {format_bytes(total)} − {format_bytes(used)} used "
-            f"− {format_bytes(overhead, places=2)} CUDA context and NCCL (estimated) = "
-            f"{format_bytes(pre, places=2)}"
-        )
-        kinds["free_before_load"] = "estimate"
-    weights = observed.weights_per_rank_bytes
-    if weights is not None:
-        report.lines.append(
-            f"Weights per rank: {format_bytes(weights, places=2)} ({observed.label})"
-        )
-        kinds["weights"] = observed.kind
-    elif geometry is not None and geometry.tensors is not None:
-        try:
-            estimate = from_headers(geometry.tensors, geometry.config, tp, pp)
-        except HeaderError as exc:
-            geometry = replace(geometry, tensors=None, headers_note=f"headers unusable: {exc}")
-            return _figures(flags, node, geometry, weights_bytes, report, observed, tp, pp)
-        weights = estimate.bytes_per_rank
-        report.lines.append("Weights per rank (from the checkpoint's safetensors headers):")
-        report.lines.extend(f"  {line}" for line in estimate.lines)
-        kinds["weights"] = "estimate"
-    elif weights_bytes is not None and weights_bytes >= 0:
-        estimate = weights_per_rank(
-            weights_bytes, geometry.config if geometry is not None else None, tp, pp
-        )
-        weights = estimate.bytes_per_rank
-        why = f"; {geometry.headers_note}" if geometry is not None and geometry.headers_note else ""
-        report.lines.append(
-            f"Weights per rank (estimated from the checkpoint size and config.json, not from "
-            f"safetensors headers{why}):"
-        )
-        report.lines.extend(f"  {line}" for line in estimate.lines)
-        kinds["weights"] = "estimate"
-    report.free_before_load_bytes = pre
-    report.weights_bytes_per_rank = weights
-    values = set(kinds.values())
-    if values <= {"estimate"}:
-        source, label = "estimate", "estimated"
-    elif values == {observed.kind}:
-        source, label = observed.kind, observed.label
-    else:
-        source, label = "partly observed", observed.label
-    report.calibration = {
-        "source": source,
-        "label": label,
-        "free_before_load": kinds.get("free_before_load", "unknown"),
-        "weights": kinds.get("weights", "unknown"),
-    }
-    return pre, weights
-
-
-def _split(
-    flags: ParsedCommand,
-    geometry: ModelGeometry,
-    rest: int,
-    cell: int,
-    report: BudgetReport,
-    attention_tp: int,
-) -> int | None:
-    """Device tokens from the rest, after SGLang's state and sliding-window splits.
-
-    Hybrid state models (``model_runner.handle_max_mamba_cache``): unless
-    ``--max-mamba-cache-size`` is given, the state pool takes ratio / (1 + ratio) of the rest
-    (``--mamba-full-memory-ratio``, default 0.9; kv-observations K28: 4.48 + 5.00 GiB of 9.49).
-    Sliding-window models: full and SWA layers share the rest so that the SWA pool holds
-    ``--swa-full-tokens-ratio`` (default 0.8) × the full pool's tokens (K02: 300,288 of
-    375,360); the full pool's count is the server's ``max_total_num_tokens``.
-    """
-    if geometry.is_hybrid:
-        ratio = float(flags.get("mamba_full_memory_ratio", default=DEFAULT_MAMBA_FULL_MEMORY_RATIO))
-        if flags.get("max_mamba_cache_size") is not None:
-            report.add(
-                "warn",
-                "estimate_unavailable",
-                "estimate unavailable: --max-mamba-cache-size fixes the state pool in requests, "
-                "and the engine does not know this model's state bytes per request",
-            )
-            return None
-        state = int(rest * ratio / (1 + ratio))
-        report.lines.append(
-            f"  state pool ({geometry.state_layers} linear-attention/Mamba layers): "
-            f"ratio {ratio} / (1 + {ratio}) of the rest = {format_bytes(state, places=2)}; "
-            f"the KV pool gets {format_bytes(rest - state, places=2)}"
-        )
-        rest -= state
-    if geometry.swa_layers and not flags.get("disable_hybrid_swa_memory", default=False):
-        ratio = float(flags.get("swa_full_tokens_ratio", default=DEFAULT_SWA_FULL_TOKENS_RATIO))
-        attention = geometry.attention_layers or geometry.layers
-        full_layers = attention - geometry.swa_layers
-        per_layer = cell / attention
-        tokens = int(rest / (per_layer * (ratio * geometry.swa_layers + full_layers)))
-        report.lines.append(
-            f"  {full_layers} full and {geometry.swa_layers} sliding-window layers: full pool "
-            f"{tokens:,} tokens, SWA pool {int(tokens * ratio):,} (--swa-full-tokens-ratio "
-            f"{ratio})"
-        )
-        return tokens
-    tokens = rest // cell
-    report.lines.append(f"  {format_bytes(rest, places=2)} ÷ {cell:,} B = {tokens:,} tokens")
-    return tokens
-
-
 def _host_pool(
     flags: ParsedCommand,
     node: NodeMemory,
     geometry: ModelGeometry | None,
-    device: _Device,
+    device: DevicePool,
     ranks: int,
     report: BudgetReport,
     vkey: Version,
@@ -605,7 +331,7 @@ def _host_pool(
 def _fit_protocol(
     flags: ParsedCommand,
     report: BudgetReport,
-    device: _Device,
+    device: DevicePool,
     vkey: Version,
     size_gb: int,
 ) -> None:
@@ -716,7 +442,7 @@ def _host_block(
     report.suggestion = suggestion
 
 
-def _capacity(device: _Device, report: BudgetReport, request_tokens: int) -> None:
+def _capacity(device: DevicePool, report: BudgetReport, request_tokens: int) -> None:
     if device.tokens:
         report.lines.append(
             f"Capacity: {device.tokens:,} tokens in the device pool per replica ≈ "
