@@ -81,10 +81,10 @@ class Pinned:
 class HostBudget:
     """What the node lets the ranks pin: the lowest of its limits (``ram``: host RAM less the OS
     headroom, ``available``: MemAvailable now, ``cgroup``: the cgroup limit; those it knows, in
-    that order) less SGLang's 10 GiB reserve, at least 0 (``bytes``)."""
+    that order) less SGLang's 10 GiB reserve, at least 0 (``allowed``)."""
 
     limits: tuple[tuple[str, int], ...]
-    bytes: int
+    allowed: int
 
 
 def host_budget(node: NodeMemory, os_headroom: int) -> HostBudget | None:
@@ -132,7 +132,7 @@ def host_pool(
         report.add("warn", "host_ram_unknown", "Host RAM unknown: discover the node to check")
         return
     _show_budget(budget, node, os_headroom, report)
-    _judge(hicache, node, device, pinned, budget.bytes, report, vkey)
+    _judge(hicache, node, device, pinned, budget.allowed, report, vkey)
 
 
 def _judge(
@@ -221,7 +221,7 @@ def _autosize(node: NodeMemory, report: BudgetReport, os_headroom: int) -> None:
     """SGLang 0.5.21+ sizes the pool itself, and refuses to start with nothing left after its
     reserve."""
     budget = host_budget(node, os_headroom)
-    if budget is not None and budget.bytes <= 0:
+    if budget is not None and budget.allowed <= 0:
         report.add(
             "block",
             "host_oom",
@@ -277,9 +277,9 @@ def _show_budget(
     shown = ", ".join(
         f"{names[kind]} {format_bytes(value, 'GB', places=2)}" for kind, value in budget.limits
     )
-    total = format_bytes(budget.bytes, "GB", places=2)
+    total = format_bytes(budget.allowed, "GB", places=2)
     report.lines.append(f"Host budget: min({shown}) − SGLang's 10 GiB reserve = {total}")
-    report.host_budget_bytes = budget.bytes
+    report.host_budget_bytes = budget.allowed
 
 
 @dataclass(frozen=True)
