@@ -8,127 +8,61 @@ per token, capped by ``--max-total-tokens``, rounded down to pages), §3b (weigh
 more than checkpoint ÷ TP: ``nodes.domain.weights``; free memory before load is the card less
 CUDA context and NCCL: ``nodes.domain.gpu_overhead``), §9 (validation rules). Figures SGLang
 logged (``Load weight begin/end``) replace both estimates when given (``Observed``). Hybrid
-state pools and sliding-window pools follow SGLang's splits (see ``_split``). All sizes are bytes.
+state pools and sliding-window pools follow SGLang's splits (``budget_device._split``). All sizes
+are bytes.
+
+Layout: this module checks the command and the GPUs, then sizes the device pool
+(``budget_device``) and the host pool (``budget_host``) and says what the pools hold; the types
+they share are in ``budget_types``. Every public name of those modules that callers used from
+here is still importable from here.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any
-
 from packaging.version import Version
 
-from nodes.domain.checkpoint import HeaderError
-from nodes.domain.checkpoint import per_rank as from_headers
-from nodes.domain.geometry import ModelGeometry, kv_bytes_per_token, kv_elem_bytes
-from nodes.domain.gpu_overhead import overhead_bytes
+from nodes.domain.budget_device import (
+    DEFAULT_MAMBA_FULL_MEMORY_RATIO,
+    DEFAULT_SWA_FULL_TOKENS_RATIO,
+    DevicePool,
+    default_mem_fraction,
+    device_pool,
+)
+from nodes.domain.budget_host import (
+    DEFAULT_HICACHE_RATIO,
+    PINNED_SHARE_WARN,
+    SGLANG_HOST_RESERVE_BYTES,
+    V0_5_6,
+    V0_5_13,
+    V0_5_19,
+    V0_5_21,
+    host_pool,
+)
+from nodes.domain.budget_types import BudgetReport, Message, NodeMemory, Observed
+from nodes.domain.geometry import ModelGeometry
 from nodes.domain.sglang_flags import ParsedCommand, sglang_version
-from nodes.domain.units import GB, GiB, format_bytes
-from nodes.domain.weights import per_rank as weights_per_rank
+from nodes.domain.units import GiB
 
-SGLANG_HOST_RESERVE_BYTES = 10 * GiB  # §2: available − 10 GiB in every version
-#: --mamba-full-memory-ratio and --swa-full-tokens-ratio defaults (0.5.9 flag table).
-DEFAULT_MAMBA_FULL_MEMORY_RATIO = 0.9
-DEFAULT_SWA_FULL_TOKENS_RATIO = 0.8
+__all__ = [
+    "DEFAULT_HICACHE_RATIO",
+    "DEFAULT_MAMBA_FULL_MEMORY_RATIO",
+    "DEFAULT_OS_HEADROOM_BYTES",
+    "DEFAULT_SWA_FULL_TOKENS_RATIO",
+    "PINNED_SHARE_WARN",
+    "SGLANG_HOST_RESERVE_BYTES",
+    "V0_5_6",
+    "V0_5_13",
+    "V0_5_19",
+    "V0_5_21",
+    "BudgetReport",
+    "Message",
+    "NodeMemory",
+    "Observed",
+    "check",
+    "default_mem_fraction",
+]
+
 DEFAULT_OS_HEADROOM_BYTES = 4 * GiB
-# Pinned (page-locked) memory cannot be reclaimed; a node with 57 % of its RAM pinned was
-# OOM-killed under load (case C01). Above half of RAM we warn.
-PINNED_SHARE_WARN = 0.5
-
-
-@dataclass(frozen=True)
-class NodeMemory:
-    """A node as the budget sees it. ``gpu_used_bytes`` is what other processes hold now."""
-
-    gpu_memory_bytes: tuple[int, ...]
-    host_ram_bytes: int | None
-    mem_available_bytes: int | None = None
-    cgroup_limit_bytes: int | None = None
-    gpu_used_bytes: tuple[int, ...] | None = None
-    gpu_names: tuple[str, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Observed:
-    """Figures SGLang logged for this model on this GPU class, replacing the estimates.
-
-    ``free_before_load_bytes``: ``Load weight begin. avail mem=`` (the minimum over the GPUs);
-    ``weights_per_rank_bytes``: ``Load weight end. … mem usage=``. ``label`` says where they
-    came from ("observed", or "calibrated from launch #12 on node-b"); ``kind`` is
-    ``observed`` or ``calibrated``.
-    """
-
-    free_before_load_bytes: int | None = None
-    weights_per_rank_bytes: int | None = None
-    label: str = "observed"
-    kind: str = "observed"
-
-
-@dataclass(frozen=True)
-class Message:
-    """``level`` is ``info``, ``warn`` or ``block``; ``code`` a stable identifier."""
-
-    level: str
-    code: str
-    text: str
-
-
-@dataclass
-class BudgetReport:
-    """The verdict (``ok``, ``warn``, ``block``), every line of the arithmetic, and the fix."""
-
-    verdict: str = "ok"
-    lines: list[str] = field(default_factory=list)
-    messages: list[Message] = field(default_factory=list)
-    ranks_per_node: int | None = None
-    device_kv_tokens_per_rank: int | None = None
-    device_kv_bytes_per_rank: int | None = None
-    host_pool_bytes_per_rank: int | None = None
-    host_pool_bytes_per_node: int | None = None
-    host_budget_bytes: int | None = None
-    suggestion: dict[str, Any] | None = None
-    weights_bytes_per_rank: int | None = None
-    free_before_load_bytes: int | None = None
-    #: Where the two figures came from: ``source`` (observed, calibrated, estimate, partly
-    #: observed), ``label`` in words, and ``free_before_load``/``weights`` each.
-    calibration: dict[str, str] = field(default_factory=dict)
-
-    def add(self, level: str, code: str, text: str) -> None:
-        self.messages.append(Message(level, code, text))
-        rank = {"ok": 0, "info": 0, "warn": 1, "block": 2}
-        if rank[level] > rank[self.verdict]:
-            self.verdict = level
-
-    def to_json(self) -> dict[str, Any]:
-        doc = asdict(self)
-        doc["messages"] = [asdict(m) for m in self.messages]
-        return doc
-
-
-def default_mem_fraction(gpu_bytes: int, tp: int, pp: int) -> float:
-    """SGLang's default mem-fraction-static (§1c, ``server_args.py`` @0.5.2)."""
-    gpu = gpu_bytes / GiB
-    if gpu < 35:
-        reserve = 2.8 + tp * pp / 10
-    elif gpu < 90:
-        reserve = 9.5 + tp * pp / 2
-    elif gpu < 160:
-        reserve = 12 + tp * pp / 2
-    else:
-        reserve = 32
-    return round((gpu - reserve) / gpu, 3)
-
-
-# Where SGLang's behaviour changed (§2, §1d), compared as pip orders versions (PEP 440): "up to
-# 0.5.18" is "before 0.5.19", so 0.5.18.post1 keeps 0.5.18's rules and 0.5.19rc0, which comes
-# before 0.5.19, keeps them too.
-V0_5_6 = Version("0.5.6")  # the host pool gets one token more (§2)
-V0_5_13 = Version("0.5.13")  # no longer asserts host pool > device pool (§1d)
-V0_5_19 = Version("0.5.19")  # checks host memory for all ranks on the host, not per rank (§2)
-V0_5_21 = Version("0.5.21")  # sizes the host pool itself without --hicache-size/-ratio (§2)
-
-#: --hicache-ratio's default: 2.0 in every version (0.5.18+ resolves its None to 2.0), §1d.
-DEFAULT_HICACHE_RATIO = 2.0
 
 
 def check(
@@ -166,8 +100,8 @@ def check(
     if ranks is None:
         return report
     _gpus_and_heads(flags, node, geometry, ranks, report)
-    device = _device_pool(flags, node, geometry, weights_bytes, report, observed or Observed())
-    _host_pool(flags, node, geometry, device, ranks, report, vkey, os_headroom_bytes)
+    device = device_pool(flags, node, geometry, weights_bytes, report, observed or Observed())
+    host_pool(flags, node, device, ranks, report, vkey, os_headroom_bytes)
     _capacity(device, report, request_tokens)
     return report
 
@@ -235,22 +169,11 @@ def _gpus_and_heads(
     ranks: int,
     report: BudgetReport,
 ) -> None:
+    """The GPUs the ranks take must exist, and TP must divide the model's heads."""
     base = int(flags.get("base_gpu_id", default=0))
     step = int(flags.get("gpu_id_step", default=1))
     last = base + (ranks - 1) * step
-    count = len(node.gpu_memory_bytes)
-    visible = flags.env.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        shown = [v.strip() for v in visible.split(",") if v.strip()]
-        missing = [v for v in shown if not v.isdigit() or int(v) >= count]
-        if missing:
-            report.add(
-                "block",
-                "visible_devices",
-                f"CUDA_VISIBLE_DEVICES names GPUs the node does not have: {', '.join(missing)}",
-            )
-        count = min(count, len(shown))
-        report.lines.append(f"CUDA_VISIBLE_DEVICES={visible}: {count} GPUs visible to SGLang")
+    count = _visible_gpus(flags, node, report)
     report.lines.append(f"GPUs used: {base} … {last} (step {step}); {count} available")
     if last >= count:
         report.add(
@@ -259,8 +182,30 @@ def _gpus_and_heads(
             f"{ranks} ranks need GPU indexes up to {last}, but the node has {count} GPUs",
         )
     tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
-    if geometry is None:
-        return
+    if geometry is not None:
+        _heads(tp, geometry, report)
+
+
+def _visible_gpus(flags: ParsedCommand, node: NodeMemory, report: BudgetReport) -> int:
+    """The node's GPUs that CUDA_VISIBLE_DEVICES leaves SGLang (blocks names it lacks)."""
+    count = len(node.gpu_memory_bytes)
+    visible = flags.env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return count
+    shown = [v.strip() for v in visible.split(",") if v.strip()]
+    missing = [v for v in shown if not v.isdigit() or int(v) >= count]
+    if missing:
+        report.add(
+            "block",
+            "visible_devices",
+            f"CUDA_VISIBLE_DEVICES names GPUs the node does not have: {', '.join(missing)}",
+        )
+    count = min(count, len(shown))
+    report.lines.append(f"CUDA_VISIBLE_DEVICES={visible}: {count} GPUs visible to SGLang")
+    return count
+
+
+def _heads(tp: int, geometry: ModelGeometry, report: BudgetReport) -> None:
     if geometry.attention_heads is not None and geometry.attention_heads % tp:
         report.add(
             "block",
@@ -275,497 +220,7 @@ def _gpus_and_heads(
         )
 
 
-@dataclass(frozen=True)
-class _Device:
-    tokens: int | None
-    kv_bytes: int | None
-    cell: int | None
-    pre: int | None = None  # free GPU memory before weights, bytes
-    weights: int | None = None  # weights per rank, bytes
-
-
-def _device_pool(
-    flags: ParsedCommand,
-    node: NodeMemory,
-    geometry: ModelGeometry | None,
-    weights_bytes: int | None,
-    report: BudgetReport,
-    observed: Observed,
-) -> _Device:
-    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
-    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
-    dtype = str(flags.get("kv_cache_dtype", default="auto"))
-    attention_tp = _attention_tp(flags, tp)
-    cell = None
-    if geometry is not None and geometry.unknown_layout is None:
-        cell = kv_bytes_per_token(
-            geometry, attention_tp, pp, kv_elem_bytes(dtype, geometry.torch_dtype)
-        )
-        kind = (
-            "MLA latent, replicated on every rank"
-            if geometry.is_mla
-            else "K and V heads of this rank"
-        )
-        if geometry.index_head_dim:
-            kind += ", plus the DSA indexer's fp8 keys"
-        if geometry.attention_layers is not None:
-            kind += f"; {geometry.attention_layers} of {geometry.layers} layers keep KV"
-        report.lines.append(
-            f"KV bytes per token per rank: {cell:,} ({kind}, kv-cache-dtype {dtype})"
-        )
-    pre, weights = _figures(flags, node, geometry, weights_bytes, report, observed, tp, pp)
-    if geometry is not None and geometry.unknown_layout is not None:
-        report.add(
-            "warn",
-            "estimate_unavailable",
-            f"estimate unavailable: {geometry.unknown_layout}. The device KV pool is not "
-            "estimated rather than guessed; a launch's own 'KV Cache is allocated' line gives it.",
-        )
-        return _Device(None, None, None, pre, weights)
-    if not node.gpu_memory_bytes or geometry is None or pre is None or weights is None or not cell:
-        report.add(
-            "info",
-            "device_unknown",
-            "Device pool not estimated: the model's config.json and checkpoint size are needed",
-        )
-        return _Device(None, None, cell)
-    mfs = flags.get("mem_fraction_static")
-    total = min(node.gpu_memory_bytes)
-    mfs = float(mfs) if mfs is not None else default_mem_fraction(total, tp, pp)
-    after = pre - weights
-    reserve = int(pre * (1 - mfs))
-    rest = after - reserve
-    report.lines.append(
-        f"Rest for the KV cache: {format_bytes(after, places=2)} free after weights − "
-        f"{format_bytes(pre, places=2)} × (1 − mem-fraction-static {mfs}) = "
-        f"{format_bytes(rest, places=2)}"
-    )
-    if rest <= 0:
-        needed = round(weights / pre + 0.05, 2)
-        if needed <= 0.95:
-            fix = (
-                f"Raise --mem-fraction-static to about {needed}, or spread the model over more "
-                "GPUs."
-            )
-            report.suggestion = {"--mem-fraction-static": needed}
-        else:
-            fix = (
-                "The weights do not fit these GPUs at this TP size: use more GPUs (a larger "
-                "--tp-size)."
-            )
-        report.add(
-            "block",
-            "no_kv_room",
-            f"The weights ({format_bytes(weights, places=2)} per rank) fill the static pool "
-            f"({format_bytes(int(pre * mfs), places=2)}): no room for the KV cache. {fix}",
-        )
-        return _Device(0, 0, cell, pre, weights)
-    tokens = _split(flags, geometry, rest, cell, report, attention_tp)
-    if tokens is None:
-        return _Device(None, None, cell, pre, weights)
-    cap = flags.get("max_total_tokens")
-    if cap is not None and int(cap) < tokens:
-        report.lines.append(f"  capped by --max-total-tokens {int(cap):,}")
-        tokens = int(cap)
-    page = int(flags.get("page_size", default=1) or 1)
-    if page > 1:
-        tokens = tokens // page * page
-        report.lines.append(f"  rounded down to pages of {page}: {tokens:,} tokens")
-    kv = tokens * cell
-    report.device_kv_tokens_per_rank = tokens
-    report.device_kv_bytes_per_rank = kv
-    report.lines.append(
-        f"Device KV pool per rank: {tokens:,} tokens ({format_bytes(kv, places=2)})"
-    )
-    headroom = reserve
-    reference = int((1 - default_mem_fraction(total, tp, pp)) * total)
-    report.lines.append(
-        f"Headroom for activations and CUDA graphs: {format_bytes(headroom, places=2)} "
-        f"(SGLang's default leaves {format_bytes(reference, places=2)} on this GPU)"
-    )
-    if headroom < reference // 2:
-        report.add(
-            "warn",
-            "low_headroom",
-            f"Only {format_bytes(headroom, places=2)} per GPU is left for activations and CUDA "
-            f"graphs (SGLang's default keeps {format_bytes(reference, places=2)}): CUDA-graph "
-            "capture or the first large batch may run out of GPU memory.",
-        )
-    return _Device(tokens, kv, cell, pre, weights)
-
-
-def _attention_tp(flags: ParsedCommand, tp: int) -> int:
-    """Attention TP size: tp ÷ dp under DP attention (each attention-DP rank keeps its own
-    requests' KV), else tp."""
-    dp = int(flags.get("dp_size", "data_parallel_size", default=1))
-    attn_dp = int(flags.get("attn_dp_size", default=1) or 1)
-    if flags.get("enable_dp_attention", default=False) and dp > 1:
-        attn_dp = dp
-    return max(1, tp // attn_dp) if attn_dp > 1 else tp
-
-
-def _figures(
-    flags: ParsedCommand,
-    node: NodeMemory,
-    geometry: ModelGeometry | None,
-    weights_bytes: int | None,
-    report: BudgetReport,
-    observed: Observed,
-    tp: int,
-    pp: int,
-) -> tuple[int | None, int | None]:
-    """Free memory before load and weights per rank: observed where given, else estimated."""
-    pre = observed.free_before_load_bytes
-    kinds = {}
-    if pre is not None:
-        report.lines.append(
-            f"Free GPU memory before weights: {format_bytes(pre, places=2)} ({observed.label})"
-        )
-        kinds["free_before_load"] = observed.kind
-    elif node.gpu_memory_bytes:
-        total = min(node.gpu_memory_bytes)
-        # The ranks take the least-used GPUs; the fullest of those bounds every rank's pool.
-        busy = sorted(node.gpu_used_bytes or (0,))
-        used = busy[min(len(busy), max(1, tp * pp)) - 1]
-        name = node.gpu_names[0] if node.gpu_names else None
-        overhead = overhead_bytes(
-            name, tp, custom_all_reduce=not flags.get("disable_custom_all_reduce", default=False)
-        )
-        pre = total - used - overhead
-        report.lines.append(
-            f"Free GPU memory before weights: {format_bytes(total)} − {format_bytes(used)} used "
-            f"− {format_bytes(overhead, places=2)} CUDA context and NCCL (estimated) = "
-            f"{format_bytes(pre, places=2)}"
-        )
-        kinds["free_before_load"] = "estimate"
-    weights = observed.weights_per_rank_bytes
-    if weights is not None:
-        report.lines.append(
-            f"Weights per rank: {format_bytes(weights, places=2)} ({observed.label})"
-        )
-        kinds["weights"] = observed.kind
-    elif geometry is not None and geometry.tensors is not None:
-        try:
-            estimate = from_headers(geometry.tensors, geometry.config, tp, pp)
-        except HeaderError as exc:
-            geometry = replace(geometry, tensors=None, headers_note=f"headers unusable: {exc}")
-            return _figures(flags, node, geometry, weights_bytes, report, observed, tp, pp)
-        weights = estimate.bytes_per_rank
-        report.lines.append("Weights per rank (from the checkpoint's safetensors headers):")
-        report.lines.extend(f"  {line}" for line in estimate.lines)
-        kinds["weights"] = "estimate"
-    elif weights_bytes is not None and weights_bytes >= 0:
-        estimate = weights_per_rank(
-            weights_bytes, geometry.config if geometry is not None else None, tp, pp
-        )
-        weights = estimate.bytes_per_rank
-        why = f"; {geometry.headers_note}" if geometry is not None and geometry.headers_note else ""
-        report.lines.append(
-            f"Weights per rank (estimated from the checkpoint size and config.json, not from "
-            f"safetensors headers{why}):"
-        )
-        report.lines.extend(f"  {line}" for line in estimate.lines)
-        kinds["weights"] = "estimate"
-    report.free_before_load_bytes = pre
-    report.weights_bytes_per_rank = weights
-    values = set(kinds.values())
-    if values <= {"estimate"}:
-        source, label = "estimate", "estimated"
-    elif values == {observed.kind}:
-        source, label = observed.kind, observed.label
-    else:
-        source, label = "partly observed", observed.label
-    report.calibration = {
-        "source": source,
-        "label": label,
-        "free_before_load": kinds.get("free_before_load", "unknown"),
-        "weights": kinds.get("weights", "unknown"),
-    }
-    return pre, weights
-
-
-def _split(
-    flags: ParsedCommand,
-    geometry: ModelGeometry,
-    rest: int,
-    cell: int,
-    report: BudgetReport,
-    attention_tp: int,
-) -> int | None:
-    """Device tokens from the rest, after SGLang's state and sliding-window splits.
-
-    Hybrid state models (``model_runner.handle_max_mamba_cache``): unless
-    ``--max-mamba-cache-size`` is given, the state pool takes ratio / (1 + ratio) of the rest
-    (``--mamba-full-memory-ratio``, default 0.9; kv-observations K28: 4.48 + 5.00 GiB of 9.49).
-    Sliding-window models: full and SWA layers share the rest so that the SWA pool holds
-    ``--swa-full-tokens-ratio`` (default 0.8) × the full pool's tokens (K02: 300,288 of
-    375,360); the full pool's count is the server's ``max_total_num_tokens``.
-    """
-    if geometry.is_hybrid:
-        ratio = float(flags.get("mamba_full_memory_ratio", default=DEFAULT_MAMBA_FULL_MEMORY_RATIO))
-        if flags.get("max_mamba_cache_size") is not None:
-            report.add(
-                "warn",
-                "estimate_unavailable",
-                "estimate unavailable: --max-mamba-cache-size fixes the state pool in requests, "
-                "and the engine does not know this model's state bytes per request",
-            )
-            return None
-        state = int(rest * ratio / (1 + ratio))
-        report.lines.append(
-            f"  state pool ({geometry.state_layers} linear-attention/Mamba layers): "
-            f"ratio {ratio} / (1 + {ratio}) of the rest = {format_bytes(state, places=2)}; "
-            f"the KV pool gets {format_bytes(rest - state, places=2)}"
-        )
-        rest -= state
-    if geometry.swa_layers and not flags.get("disable_hybrid_swa_memory", default=False):
-        ratio = float(flags.get("swa_full_tokens_ratio", default=DEFAULT_SWA_FULL_TOKENS_RATIO))
-        attention = geometry.attention_layers or geometry.layers
-        full_layers = attention - geometry.swa_layers
-        per_layer = cell / attention
-        tokens = int(rest / (per_layer * (ratio * geometry.swa_layers + full_layers)))
-        report.lines.append(
-            f"  {full_layers} full and {geometry.swa_layers} sliding-window layers: full pool "
-            f"{tokens:,} tokens, SWA pool {int(tokens * ratio):,} (--swa-full-tokens-ratio "
-            f"{ratio})"
-        )
-        return tokens
-    tokens = rest // cell
-    report.lines.append(f"  {format_bytes(rest, places=2)} ÷ {cell:,} B = {tokens:,} tokens")
-    return tokens
-
-
-def _host_pool(
-    flags: ParsedCommand,
-    node: NodeMemory,
-    geometry: ModelGeometry | None,
-    device: _Device,
-    ranks: int,
-    report: BudgetReport,
-    vkey: Version,
-    os_headroom: int,
-) -> None:
-    offload = int(flags.get("cpu_offload_gb", default=0) or 0) * GB
-    if not flags.get("enable_hierarchical_cache", default=False) and not offload:
-        report.lines.append("No hierarchical cache: no host pool")
-        if "hicache_size" in flags.given or "hicache_ratio" in flags.given:
-            report.add(
-                "warn",
-                "hicache_ignored",
-                "--hicache-size/--hicache-ratio do nothing without --enable-hierarchical-cache",
-            )
-        return
-    size_gb = int(flags.get("hicache_size", default=0) or 0)
-    ratio_given = "hicache_ratio" in flags.given
-    per_rank: int | None = None
-    host_tokens = None
-    if flags.get("enable_hierarchical_cache", default=False):
-        if size_gb > 0:
-            if device.cell:
-                host_tokens = size_gb * GB // device.cell + (0 if vkey < V0_5_6 else 1)
-                per_rank = host_tokens * device.cell
-            else:
-                per_rank = size_gb * GB
-            report.lines.append(
-                f"Host pool per rank: --hicache-size {size_gb} = {size_gb} GB (10^9 bytes) per "
-                f"rank → {format_bytes(per_rank, 'GB', places=2)}"
-            )
-        elif vkey >= V0_5_21 and not ratio_given:
-            budget = _host_budget(node, os_headroom, BudgetReport())
-            if budget is not None and budget <= 0:
-                report.add(
-                    "block",
-                    "host_oom",
-                    "No host memory is left for HiCache after SGLang's 10 GiB reserve: SGLang "
-                    "0.5.21+ refuses to start (give --hicache-size explicitly, or free memory)",
-                )
-            report.add(
-                "info",
-                "hicache_autosize",
-                "SGLang 0.5.21+ sizes the host pool itself when neither --hicache-size nor "
-                "--hicache-ratio is given: 0.8 × (available − 10 GiB) ÷ ranks on the node, at most "
-                "ratio 2.0.",
-            )
-            per_rank = 0
-        else:
-            given = flags.get("hicache_ratio")
-            ratio = float(given) if given is not None else DEFAULT_HICACHE_RATIO
-            if device.kv_bytes is None or device.tokens is None:
-                report.add(
-                    "warn",
-                    "host_unknown",
-                    f"--hicache-ratio {ratio} sizes the host pool from the device pool, which is "
-                    "unknown without the model's geometry: the host footprint cannot be checked",
-                )
-                return
-            host_tokens = int(device.tokens * ratio)
-            per_rank = int(device.kv_bytes * ratio)
-            device_gb = format_bytes(device.kv_bytes, "GB", places=2)
-            report.lines.append(
-                f"Host pool per rank: ratio {ratio} × {device_gb} device KV = "
-                f"{format_bytes(per_rank, 'GB', places=2)}"
-            )
-        if (
-            vkey < V0_5_13
-            and host_tokens is not None
-            and device.tokens
-            and host_tokens <= device.tokens
-        ):
-            report.add(
-                "block",
-                "host_not_larger",
-                f"SGLang {vkey} requires the host pool to hold more tokens "
-                f"than the device pool ({host_tokens:,} ≤ {device.tokens:,}); it asserts at start",
-            )
-    per_rank = (per_rank or 0) + offload
-    if offload:
-        report.lines.append(f"  + --cpu-offload-gb: {format_bytes(offload, 'GB')} per rank")
-    per_node = per_rank * ranks
-    report.host_pool_bytes_per_rank = per_rank
-    report.host_pool_bytes_per_node = per_node
-    report.lines.append(
-        f"Host pools on the node: {format_bytes(per_rank, 'GB', places=2)} × {ranks} ranks = "
-        f"{format_bytes(per_node, 'GB', places=2)} pinned"
-    )
-    budget = _host_budget(node, os_headroom, report)
-    if budget is None:
-        report.add("warn", "host_ram_unknown", "Host RAM unknown: discover the node to check")
-        return
-    if per_node > budget:
-        _host_block(flags, report, ranks, per_rank, per_node, budget, size_gb, offload, node)
-    elif node.host_ram_bytes and per_node > PINNED_SHARE_WARN * node.host_ram_bytes:
-        share = per_node / node.host_ram_bytes
-        report.add(
-            "warn",
-            "pinned_share",
-            f"{share:.0%} of host RAM would be pinned; pinned memory cannot be reclaimed, and "
-            "growth under load has OOM-killed servers that fitted at start",
-        )
-    _fit_protocol(flags, report, device, vkey, size_gb)
-    if flags.get("enable_hierarchical_cache", default=False) and ranks > 1 and vkey < V0_5_19:
-        report.add(
-            "warn",
-            "per_rank_check",
-            f"SGLang {vkey} checks host memory in each rank alone: its own "
-            "check does not protect this node from the total above",
-        )
-
-
-def _fit_protocol(
-    flags: ParsedCommand,
-    report: BudgetReport,
-    device: _Device,
-    vkey: Version,
-    size_gb: int,
-) -> None:
-    """Up to 0.5.12 the host pool must hold more tokens than the device pool (§1d): make sure the
-    suggested --hicache-size does, lowering mem-fraction-static when no size fits the budget."""
-    if not flags.get("enable_hierarchical_cache", default=False) or vkey >= V0_5_13:
-        return
-    if not device.tokens or not device.cell or device.pre is None or device.weights is None:
-        return
-    blocked_here = {"host_oom", "host_not_larger"} & {m.code for m in report.messages}
-    if not blocked_here:
-        return
-    wanted = (report.suggestion or {}).get("--hicache-size", size_gb)
-    minimum = device.tokens * device.cell // GB + 1
-    if wanted >= minimum:
-        return
-    per_rank_budget = (
-        report.host_budget_bytes // report.ranks_per_node
-        if report.host_budget_bytes is not None and report.ranks_per_node
-        else None
-    )
-    if per_rank_budget is None or minimum * GB <= per_rank_budget:
-        report.suggestion = {"--hicache-size": minimum}
-        report.add(
-            "info",
-            "host_fix",
-            f"SGLang {vkey} needs the host pool larger than the device pool "
-            f"({format_bytes(device.kv_bytes or 0, 'GB', places=2)} per rank): use at least "
-            f"--hicache-size {minimum}.",
-        )
-        return
-    # No size both fits the host and exceeds the device pool: shrink the device pool instead.
-    mfs = int((device.weights + wanted * GB - device.cell) / device.pre * 100) / 100
-    report.suggestion = {"--hicache-size": wanted, "--mem-fraction-static": mfs}
-    report.add(
-        "info",
-        "host_fix",
-        f"At this mem-fraction-static the device pool "
-        f"({format_bytes(device.kv_bytes or 0, 'GB', places=2)} per rank) is larger than any "
-        f"host pool the node can pin, and SGLang "
-        f"{vkey} needs the host pool larger: use --hicache-size {wanted} with "
-        f"--mem-fraction-static {mfs} or lower.",
-    )
-
-
-def _host_budget(node: NodeMemory, os_headroom: int, report: BudgetReport) -> int | None:
-    figures = []
-    if node.host_ram_bytes:
-        ram, spare = format_bytes(node.host_ram_bytes, "GB"), format_bytes(os_headroom, "GB", 2)
-        figures.append(
-            (f"host RAM {ram} − {spare} for the OS =", node.host_ram_bytes - os_headroom)
-        )
-    if node.mem_available_bytes is not None:
-        figures.append(("MemAvailable now", node.mem_available_bytes))
-    if node.cgroup_limit_bytes is not None:
-        figures.append(("cgroup limit", node.cgroup_limit_bytes))
-    if not figures:
-        return None
-    label, low = min(figures, key=lambda f: f[1])
-    budget = max(0, low - SGLANG_HOST_RESERVE_BYTES)
-    shown = ", ".join(f"{name} {format_bytes(v, 'GB', places=2)}" for name, v in figures)
-    total = format_bytes(budget, "GB", places=2)
-    report.lines.append(f"Host budget: min({shown}) − SGLang's 10 GiB reserve = {total}")
-    report.host_budget_bytes = budget
-    return budget
-
-
-def _host_block(
-    flags: ParsedCommand,
-    report: BudgetReport,
-    ranks: int,
-    per_rank: int,
-    per_node: int,
-    budget: int,
-    size_gb: int,
-    offload: int,
-    node: NodeMemory,
-) -> None:
-    ram = f" of a {format_bytes(node.host_ram_bytes, 'GB')} node" if node.host_ram_bytes else ""
-    report.add(
-        "block",
-        "host_oom",
-        f"{ranks} × {format_bytes(per_rank, 'GB', places=2)} = "
-        f"{format_bytes(per_node, 'GB', places=2)} of pinned host memory against a budget of "
-        f"{format_bytes(budget, 'GB', places=2)}{ram}: the ranks together would exhaust the "
-        "node and the kernel would OOM-kill them",
-    )
-    largest = max(0, (budget // ranks - offload) // GB)
-    if not flags.get("enable_hierarchical_cache", default=False):
-        fits = max(0, budget // ranks // GB)
-        report.add(
-            "info", "host_fix", f"The largest --cpu-offload-gb that fits is {fits} (GB per rank)."
-        )
-        report.suggestion = {"--cpu-offload-gb": fits}
-        return
-    suggestion: dict[str, Any] = {"--hicache-size": largest}
-    text = f"The largest --hicache-size that fits is {largest} (GB per rank)."
-    if size_gb:
-        meant = size_gb // ranks
-        # Only a size far beyond the node reads as a node total typed as a per-rank value.
-        if meant <= largest and per_node > 2 * budget:
-            suggestion = {"--hicache-size": meant}
-            text = (
-                f"If {size_gb} GB was meant for the whole node, that is --hicache-size {meant} per "
-                f"rank ({size_gb} GB ÷ {ranks} ranks). " + text
-            )
-    report.add("info", "host_fix", text)
-    report.suggestion = suggestion
-
-
-def _capacity(device: _Device, report: BudgetReport, request_tokens: int) -> None:
+def _capacity(device: DevicePool, report: BudgetReport, request_tokens: int) -> None:
     if device.tokens:
         report.lines.append(
             f"Capacity: {device.tokens:,} tokens in the device pool per replica ≈ "

@@ -12,9 +12,14 @@ GB; ``numbers`` keys carry the unit.
 
 Layout: ``evidence`` holds what a rule reads and returns (``Bundle``, ``Diagnosis``) and the
 shared log formats; the rules live in modules named for what ran out or failed (``host_memory``
-with its ``host_pools`` helpers, ``gpu_memory``, ``gpu_holders``, ``ports``, ``nccl``,
+with its ``host_pools`` helpers, ``gpu_memory`` and ``gpu_holders`` with ``pytorch_oom``
+for PyTorch's out-of-memory text, ``ports``, ``nccl``,
 ``launch_settings``, ``startup``, ``runtime``, ``vllm``); ``engine`` puts them in order
-(``RULES``) and runs them (``diagnose``).
+(``RULES``) and runs them (``diagnose``), and holds the one rule that runs the others
+(``leaked_after_cleanup``). A rule reads its figures first (a small frozen dataclass, or
+``None`` when it does not apply) and words them second, so the arithmetic can be read apart from
+the text. No module imports one that imports it, not even inside a function
+(tests/domain/test_no_import_cycles.py).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The rules in the order they are tried, the clean-up of the facts they read, and
-:func:`diagnose`."""
+:func:`diagnose`; with the one rule that runs the others (:func:`leaked_after_cleanup`), which
+is here so that no rule module has to import this one."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ from typing import Any
 
 from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule
 from nodes.domain.diagnosis.gpu_holders import (
+    cleanup_leak,
     gpu_held_at_oom,
     gpu_held_hidden,
     gpu_held_outside_at_oom,
     gpu_unbalanced,
-    leaked_after_cleanup,
+    leak_diagnosis,
 )
 from nodes.domain.diagnosis.gpu_memory import (
     gpu_oom_cuda_graph,
@@ -41,6 +43,19 @@ from nodes.domain.diagnosis.runtime import (
 from nodes.domain.diagnosis.signatures import SIGNATURES
 from nodes.domain.diagnosis.startup import health_check_failure, startup_timeout
 from nodes.domain.diagnosis.vllm import kv_cache_too_small, vllm_gpu_occupied
+
+
+def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
+    """The latest snapshot is after a cleanup (FORMAT.md: it sets the question): GPU memory used
+    with no process, and host memory that did not come back (``gpu_holders.cleanup_leak``). Why
+    the launch failed before the cleanup is what the rules find without that snapshot."""
+    leak = cleanup_leak(bundle)
+    if leak is None:
+        return None
+    before_cleanup = {**bundle.facts, "snapshots": bundle.facts["snapshots"][:-1]}
+    earlier = diagnose("\n".join(bundle.log.lines), before_cleanup, bundle.flags)
+    return leak_diagnosis(leak, earlier)
+
 
 RULES: Sequence[Rule] = (
     kv_cache_too_small,

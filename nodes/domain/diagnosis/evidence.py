@@ -15,6 +15,9 @@ from typing import Any
 
 GiB = 2**30
 
+#: One line a pattern found: its 1-based number in the log and the match (``Log.find``).
+Hit = tuple[int, re.Match[str]]
+
 
 @dataclass(frozen=True)
 class Evidence:

@@ -1,16 +1,37 @@
 """Rules for GPU memory that someone else holds: another process (seen by SGLang's balance check,
 named in PyTorch's OOM text, or hidden in another PID namespace), or nobody (leaked after a
-cleanup)."""
+cleanup).
+
+Each rule reads its figures first (a frozen dataclass, or ``None`` when the rule does not apply)
+and words them second. The leak after a cleanup is only read and worded here: the rule that adds
+why the launch failed before the cleanup runs the other rules, so it lives in ``engine``."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nodes.domain.diagnosis.evidence import LOAD_BEGIN, LOAD_END, Bundle, Diagnosis, Evidence, _num
+from nodes.domain.diagnosis.evidence import (
+    LOAD_BEGIN,
+    LOAD_END,
+    Bundle,
+    Diagnosis,
+    Evidence,
+    Hit,
+    _num,
+)
 from nodes.domain.diagnosis.host_pools import _available_before
+from nodes.domain.diagnosis.pytorch_oom import (
+    OOM_BEFORE_2_1,
+    OOM_WITH_HOLDER,
+    OTHER_PROCESS,
+    OUTSIDE_MIN_GIB,
+    OUTSIDE_SHARE,
+    _gib,
+    oom_figures,
+)
 
 UNBALANCED = re.compile(
     r"The memory capacity is unbalanced\..*?min_per_gpu_memory=(?P<min>[\d.]+), "
@@ -98,50 +119,32 @@ def _gpu_holders(bundle: Bundle) -> list[Holder]:
     return holders
 
 
-# PyTorch's allocator text (c10/cuda/CUDACachingAllocator.cpp) since 2.1: the sizes go through
-# format_size (bytes, KiB, MiB, GiB), 2.1 spelled "capacty", and the "Process N has" entries come
-# in NVML's order, this process's own ("Including non-PyTorch memory, this process has") among
-# them.
-_SIZE = r"[\d.]+ (?:bytes|[KMGT]iB)"
-OOM_WITH_HOLDER = re.compile(
-    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_SIZE})\. GPU (?P<gpu>\d+) has a total "
-    rf"capaci?ty of (?P<total>{_SIZE}) of which (?P<free>{_SIZE}) is free\. "
-    rf"(?P<processes>(?:(?:Including non-PyTorch memory, this process|Process \d+) has {_SIZE} "
-    r"memory in use\. ?)*Process \d+ has .*)"
-)
-OTHER_PROCESS = re.compile(rf"\bProcess (?P<pid>\d+) has (?P<used>{_SIZE}) memory in use")
-_UNITS = {"bytes": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0, "TiB": 2**10}
+def _while_loading(bundle: Bundle, hit: Hit) -> bool:
+    """Whether ``hit`` came after ``Load weight begin`` and before any ``Load weight end``."""
+    begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
+    return bool(begin) and (end is None or end[0] > hit[0])
 
 
-def _gib(size: str) -> float:
-    """``"512.00 MiB"`` → 0.5 (GiB)."""
-    value, unit = size.split()
-    return _num(value) * _UNITS[unit]
+@dataclass(frozen=True)
+class OutsideAtOom:
+    """An OOM in PyTorch's text before 2.1 with more of the card held outside this process's
+    PyTorch than its own context and buffers take: ``figures`` as ``oom_figures`` gives them
+    (GiB), on GPU ``gpu``."""
+
+    hit: Hit
+    gpu: int
+    figures: Mapping[str, float]
+    while_loading: bool
 
 
-# The same allocator's text before PyTorch 2.1: no list of processes, only this process's own
-# figures, the free memory and the sizes in format_size's units ("0 bytes free"); with a memory
-# fraction set it adds "N allowed".
-OOM_BEFORE_2_1 = re.compile(
-    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_SIZE}) \(GPU (?P<gpu>\d+); "
-    rf"(?P<total>{_SIZE}) total capacity; (?P<allocated>{_SIZE}) already allocated; "
-    rf"(?P<free>{_SIZE}) free; (?:{_SIZE} allowed; )?(?P<reserved>{_SIZE}) reserved in total "
-    r"by PyTorch\)"
-)
-#: Memory on the card outside this process's PyTorch that is still this process's own (the CUDA
-#: context, NCCL's and cuBLAS's buffers) stays below this share of the card, and below
-#: ``OUTSIDE_MIN_GIB``; more than both is another holder's.
-OUTSIDE_SHARE = 0.10
-OUTSIDE_MIN_GIB = 4.0
-
-
-def oom_figures(match: re.Match[str]) -> dict[str, float]:
-    """The sizes of an ``OOM_BEFORE_2_1`` match in GiB: ``tried``, ``total``, ``allocated``,
-    ``free``, ``reserved``, and ``outside`` = total − free − reserved (what neither PyTorch in
-    this process reserved nor is free)."""
-    figures = {k: _gib(match[k]) for k in ("tried", "total", "allocated", "free", "reserved")}
-    figures["outside"] = max(figures["total"] - figures["free"] - figures["reserved"], 0.0)
-    return figures
+def _outside_at_oom(bundle: Bundle) -> OutsideAtOom | None:
+    hit = bundle.log.first(OOM_BEFORE_2_1)
+    if hit is None:
+        return None
+    figures, gpu = oom_figures(hit[1]), int(hit[1]["gpu"])
+    if figures["outside"] <= max(OUTSIDE_MIN_GIB, OUTSIDE_SHARE * figures["total"]):
+        return None
+    return OutsideAtOom(hit, gpu, figures, _while_loading(bundle, hit))
 
 
 def gpu_held_outside_at_oom(bundle: Bundle) -> Diagnosis | None:
@@ -151,22 +154,20 @@ def gpu_held_outside_at_oom(bundle: Bundle) -> Diagnosis | None:
     ``OUTSIDE_MIN_GIB`` and ``OUTSIDE_SHARE`` of the card is more than a CUDA context and
     NCCL's buffers: another holder. Numbers in GiB: ``others_held_gib``, ``free_gib``,
     ``reserved_gib``, ``allocated_gib``, ``gpu_total_gib``, ``tried_to_allocate_gib``; ``gpu``."""
-    hit = bundle.log.first(OOM_BEFORE_2_1)
-    if hit is None:
-        return None
-    figures, gpu = oom_figures(hit[1]), int(hit[1]["gpu"])
-    total, outside = figures["total"], figures["outside"]
-    if outside <= max(OUTSIDE_MIN_GIB, OUTSIDE_SHARE * total):
-        return None
-    begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
-    when = " while loading the weights" if begin and (end is None or end[0] > hit[0]) else ""
+    found = _outside_at_oom(bundle)
+    return None if found is None else _outside_at_oom_diagnosis(bundle, found)
+
+
+def _outside_at_oom_diagnosis(bundle: Bundle, found: OutsideAtOom) -> Diagnosis:
+    figures, gpu = found.figures, found.gpu
+    when = " while loading the weights" if found.while_loading else ""
     return Diagnosis(
         category="gpu-occupied-by-other-process",
         summary=(
-            f"GPU {gpu} is occupied outside this launch: of its {total:.2f} GiB only "
+            f"GPU {gpu} is occupied outside this launch: of its {figures['total']:.2f} GiB only "
             f"{figures['free']:.2f} GiB was free and this process's PyTorch reserved "
-            f"{figures['reserved']:.2f} GiB, so {outside:.2f} GiB is held by another process "
-            f"(or outside PyTorch); this launch ran out of memory{when} (allocating "
+            f"{figures['reserved']:.2f} GiB, so {figures['outside']:.2f} GiB is held by another "
+            f"process (or outside PyTorch); this launch ran out of memory{when} (allocating "
             f"{figures['tried']:.2f} GiB)"
         ),
         remedy=(
@@ -174,43 +175,77 @@ def gpu_held_outside_at_oom(bundle: Bundle) -> Diagnosis | None:
             "node's GPU holders) and stop it, or launch on idle GPUs (CUDA_VISIBLE_DEVICES); add "
             "a pre-launch GPU idle check"
         ),
-        evidence=[bundle.evidence(hit)],
+        evidence=[bundle.evidence(found.hit)],
         numbers={
             "gpu": gpu,
-            "others_held_gib": round(outside, 2),
+            "others_held_gib": round(figures["outside"], 2),
             "free_gib": round(figures["free"], 2),
             "reserved_gib": round(figures["reserved"], 2),
             "allocated_gib": round(figures["allocated"], 2),
-            "gpu_total_gib": round(total, 2),
+            "gpu_total_gib": round(figures["total"], 2),
             "tried_to_allocate_gib": round(figures["tried"], 2),
         },
     )
 
 
-def _orphans(holders: list[Holder]) -> tuple[str, dict[str, float]]:
-    """The live orphaned server processes among ``holders``, in words and figures."""
-    orphans = [h for h in holders if h.alive and h.orphan]
+def _live_orphans(holders: Sequence[Holder]) -> list[Holder]:
+    """The live server processes among ``holders`` re-parented to PID 1."""
+    return [h for h in holders if h.alive and h.orphan]
+
+
+def _mib(holder: Holder) -> int:
+    return round((holder.used_bytes or 0) / 2**20)
+
+
+def _orphan_numbers(orphans: Sequence[Holder]) -> dict[str, float]:
     if not orphans:
-        return "", {}
-    mib = [round((h.used_bytes or 0) / 2**20) for h in orphans]
-    gpus = sorted({h.gpu for h in orphans if h.gpu is not None})
+        return {}
     numbers: dict[str, float] = {"orphans": len(orphans), "orphan_ppid": 1}
-    for holder, each in zip(orphans, mib, strict=True):
-        numbers[f"orphan_{holder.pid}_mib"] = each
-    text = (
+    for holder in orphans:
+        numbers[f"orphan_{holder.pid}_mib"] = _mib(holder)
+    return numbers
+
+
+def _orphan_text(orphans: Sequence[Holder]) -> str:
+    """The orphans in words, to end a summary with; empty without any."""
+    if not orphans:
+        return ""
+    gpus = sorted({h.gpu for h in orphans if h.gpu is not None})
+    return (
         f"; the node shows {len(orphans)} live server processes re-parented to PPID 1 "
-        f"({', '.join(h.name for h in orphans[:4])}) holding {', '.join(map(str, mib))} MiB"
+        f"({', '.join(h.name for h in orphans[:4])}) holding "
+        f"{', '.join(str(_mib(h)) for h in orphans)} MiB"
         + (f" on GPUs {', '.join(map(str, gpus))}" if gpus else "")
         + ", left over from an earlier launch"
     )
-    return text, numbers
 
 
-def gpu_held_at_oom(bundle: Bundle) -> Diagnosis | None:
-    """PyTorch's OOM text names other processes holding memory on the GPU (``Process N has X
-    GiB memory in use``, §6): the launch could not get memory a live process already held.
-    Numbers: ``holder_pid`` and ``held_gib`` of the biggest holder, ``others_held_gib`` of all
-    of them, ``free_gib``, ``gpu_total_gib``, ``tried_to_allocate_gib`` (GiB)."""
+@dataclass(frozen=True)
+class HeldAtOom:
+    """PyTorch's OOM text with other processes on the GPU: sizes in GiB, ``others`` as
+    (PID, GiB) in the text's order, and the node's GPU processes (``holders``)."""
+
+    hit: Hit
+    gpu: int
+    total: float
+    free: float
+    tried: float
+    others: tuple[tuple[int, float], ...]
+    while_loading: bool
+    holders: tuple[Holder, ...]
+
+    @property
+    def biggest(self) -> tuple[int, float]:
+        """(PID, GiB) of the process holding the most, the first of equals."""
+        return max(self.others, key=lambda other: other[1])
+
+    @property
+    def held(self) -> float:
+        """GiB all the other processes hold together."""
+        return sum(each for _, each in self.others)
+
+
+def _held_at_oom(bundle: Bundle) -> HeldAtOom | None:
     hit = bundle.log.first(OOM_WITH_HOLDER)
     if hit is None:
         return None
@@ -218,58 +253,81 @@ def gpu_held_at_oom(bundle: Bundle) -> Diagnosis | None:
     others = [(int(m["pid"]), _gib(m["used"])) for m in OTHER_PROCESS.finditer(match["processes"])]
     if not others:
         return None
-    gpu, total = int(match["gpu"]), _gib(match["total"])
-    free, tried = _gib(match["free"]), _gib(match["tried"])
-    pid, used = max(others, key=lambda other: other[1])
-    held = sum(each for _, each in others)
-    numbers: dict[str, float] = {
-        "gpu": gpu,
-        "holder_pid": pid,
-        "held_gib": round(used, 2),
-        "others_held_gib": round(held, 2),
-        "free_gib": round(free, 2),
-        "gpu_total_gib": round(total, 2),
-        "tried_to_allocate_gib": round(tried, 2),
-    }
-    begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
-    when = " while loading the weights" if begin and (end is None or end[0] > hit[0]) else ""
-    holders = _gpu_holders(bundle)
-    orphans, figures = _orphans(holders)
-    numbers.update(figures)
-    evidence = [bundle.evidence(hit)]
-    for h in holders[:4]:
+    return HeldAtOom(
+        hit,
+        int(match["gpu"]),
+        total=_gib(match["total"]),
+        free=_gib(match["free"]),
+        tried=_gib(match["tried"]),
+        others=tuple(others),
+        while_loading=_while_loading(bundle, hit),
+        holders=tuple(_gpu_holders(bundle)),
+    )
+
+
+def gpu_held_at_oom(bundle: Bundle) -> Diagnosis | None:
+    """PyTorch's OOM text names other processes holding memory on the GPU (``Process N has X
+    GiB memory in use``, §6): the launch could not get memory a live process already held.
+    Numbers: ``holder_pid`` and ``held_gib`` of the biggest holder, ``others_held_gib`` of all
+    of them, ``free_gib``, ``gpu_total_gib``, ``tried_to_allocate_gib`` (GiB)."""
+    found = _held_at_oom(bundle)
+    return None if found is None else _held_at_oom_diagnosis(bundle, found)
+
+
+def _held_at_oom_diagnosis(bundle: Bundle, found: HeldAtOom) -> Diagnosis:
+    orphans = _live_orphans(found.holders)
+    pid, used = found.biggest
+    evidence = [bundle.evidence(found.hit)]
+    for h in found.holders[:4]:
         fact = f"PID {h.pid} ({h.name}) PPID {h.ppid} state {h.state} on GPU {h.gpu}"
         evidence.append(Evidence(fact, None, "snapshot"))
-    pids = ", ".join(str(p) for p, _ in others)
-    if orphans:
-        remedy = (
-            "kill orphaned sglang::scheduler processes (kill -TERM, after 10 s kill -KILL: "
-            f"PIDs {', '.join(str(h.pid) for h in holders if h.orphan)}) and verify nvidia-smi "
-            "compute apps empty before relaunching; add a pre-launch GPU idle check, and launch "
-            "each server in its own session so cleanup can kill by process group/session (under "
-            "Slurm, let the job's cgroup / KillMode take the whole tree)"
-        )
-    else:
-        remedy = (
-            f"stop the process{'es' if len(others) > 1 else ''} holding GPU {gpu} (PID {pids}) "
-            "or launch on idle GPUs (CUDA_VISIBLE_DEVICES); add a pre-launch GPU idle check "
-            "(nvidia-smi --query-compute-apps=pid,used_memory must be empty)"
-        )
-    if len(others) == 1:
-        who = f"another process: PID {pid} holds {used:.2f} GiB"
-    else:
-        each = ", ".join(f"PID {p} {u:.2f} GiB" for p, u in others)
-        who = f"{len(others)} other processes: {each}, together {held:.2f} GiB"
     return Diagnosis(
         category="gpu-occupied-by-other-process",
         secondary_categories=["defunct-zombie-process"] if orphans else [],
         summary=(
-            f"GPU {gpu} is occupied by {who} of its {total:.2f} GiB, so only {free:.2f} GiB was "
-            f"free and this launch ran out of memory{when} (allocating {tried:.2f} GiB){orphans}"
+            f"GPU {found.gpu} is occupied by {_others_text(found)} of its {found.total:.2f} GiB, "
+            f"so only {found.free:.2f} GiB was free and this launch ran out of memory"
+            f"{' while loading the weights' if found.while_loading else ''} (allocating "
+            f"{found.tried:.2f} GiB){_orphan_text(orphans)}"
         ),
-        remedy=remedy,
+        remedy=_held_at_oom_remedy(found, bool(orphans)),
         evidence=evidence,
-        numbers=numbers,
+        numbers={
+            "gpu": found.gpu,
+            "holder_pid": pid,
+            "held_gib": round(used, 2),
+            "others_held_gib": round(found.held, 2),
+            "free_gib": round(found.free, 2),
+            "gpu_total_gib": round(found.total, 2),
+            "tried_to_allocate_gib": round(found.tried, 2),
+            **_orphan_numbers(orphans),
+        },
+    )
+
+
+def _others_text(found: HeldAtOom) -> str:
+    """Who holds the GPU: ``another process: PID …`` or ``N other processes: …``."""
+    if len(found.others) == 1:
+        pid, used = found.biggest
+        return f"another process: PID {pid} holds {used:.2f} GiB"
+    each = ", ".join(f"PID {p} {u:.2f} GiB" for p, u in found.others)
+    return f"{len(found.others)} other processes: {each}, together {found.held:.2f} GiB"
+
+
+def _held_at_oom_remedy(found: HeldAtOom, orphans: bool) -> str:
+    if orphans:
+        return (
+            "kill orphaned sglang::scheduler processes (kill -TERM, after 10 s kill -KILL: "
+            f"PIDs {', '.join(str(h.pid) for h in found.holders if h.orphan)}) and verify "
+            "nvidia-smi compute apps empty before relaunching; add a pre-launch GPU idle check, "
+            "and launch each server in its own session so cleanup can kill by process "
+            "group/session (under Slurm, let the job's cgroup / KillMode take the whole tree)"
+        )
+    pids = ", ".join(str(p) for p, _ in found.others)
+    return (
+        f"stop the process{'es' if len(found.others) > 1 else ''} holding GPU {found.gpu} "
+        f"(PID {pids}) or launch on idle GPUs (CUDA_VISIBLE_DEVICES); add a pre-launch GPU idle "
+        "check (nvidia-smi --query-compute-apps=pid,used_memory must be empty)"
     )
 
 
@@ -299,114 +357,178 @@ NSPID = re.compile(r"NSpid:\s+(?P<host>\d+)\s+(?P<inner>\d+)")
 CONTAINER = re.compile(r"docker-(?P<id>[0-9a-f]{12})[0-9a-f]*\.scope")
 
 
-def gpu_held_hidden(bundle: Bundle) -> Diagnosis | None:
-    """nvidia-smi output in the log shows GPU memory in use and a live process holds it (the
-    snapshot's ``ps``, or ``fuser -v /dev/nvidiaN``): occupied, not leaked (FORMAT.md). From
-    inside a container nvidia-smi cannot name a host PID ("No running processes found") and
-    ``kill`` answers "No such process": the holder is in another PID namespace."""
+@dataclass(frozen=True)
+class HiddenHolder:
+    """A live process holding memory on GPU ``gpu`` while nvidia-smi output in the log shows it
+    in use (``shown``, the first such line): PID, command and MiB held (``None``: not said),
+    the nvidia-smi row of that GPU, and the log's signs of another PID namespace."""
+
+    shown: Hit
+    pid: int
+    gpu: int | None
+    command: str
+    mib: int | None
+    row: re.Match[str] | None
+    hidden: Hit | None
+    nspid: Hit | None
+    container: Hit | None
+    fuser: Hit | None
+
+
+def _hidden_holder(bundle: Bundle) -> HiddenHolder | None:
     shown = bundle.log.find(SMI_ROW) + bundle.log.find(COMPUTE_APP)
     fuser = bundle.log.first(FUSER)
     live = [h for h in _gpu_holders(bundle) if h.alive and h.gpu is not None]
     if not shown or not (live or fuser):
         return None
-    if live:
-        holder = live[0]
-        pid, gpu, command = holder.pid, holder.gpu, holder.name
-        mib = round(holder.used_bytes / 2**20) if holder.used_bytes else None
-    else:
-        assert fuser is not None
-        pid, gpu, command = int(fuser[1]["pid"]), int(fuser[1]["gpu"]), fuser[1]["command"]
-        mib = None
+    pid, gpu, command, mib = _holder_of(live, fuser)
     rows = [m for _, m in bundle.log.find(SMI_ROW) if m["gpu"] is None or int(m["gpu"]) == gpu]
-    numbers: dict[str, float] = {"gpu_index": int(gpu or 0), "holder_pid": pid}
     if mib is None and rows:
         mib = int(rows[0]["used"])
-    if mib is not None:
-        numbers["held_mib"] = mib
-    util = ""
-    if rows:
-        numbers["util_percent"] = int(rows[0]["util"])
-        util = f" at {rows[0]['util']}% util"
-    summary = (
-        f"GPU {gpu} is occupied by a live process: PID {pid} ({command or '?'}) holds "
-        f"{mib if mib is not None else '?'} MiB{util}"
+    return HiddenHolder(
+        shown[0],
+        pid,
+        gpu,
+        command,
+        mib,
+        row=rows[0] if rows else None,
+        hidden=bundle.log.first(NO_PROCESSES) or bundle.log.first(NO_SUCH_PROCESS),
+        nspid=bundle.log.first(NSPID),
+        container=bundle.log.first(CONTAINER),
+        fuser=fuser,
     )
-    hidden = bundle.log.first(NO_PROCESSES) or bundle.log.first(NO_SUCH_PROCESS)
-    nspid, container = bundle.log.first(NSPID), bundle.log.first(CONTAINER)
-    evidence = [bundle.evidence(shown[0])]
-    if hidden is not None:
-        summary += (
-            "; inside the launch container nvidia-smi lists no running process and kill answers "
-            "'No such process', because the holder lives in another PID namespace"
-        )
-        evidence.append(bundle.evidence(hidden))
-    if nspid is not None:
-        summary += f" (PID {nspid[1]['inner']} there)"
+
+
+def _holder_of(live: list[Holder], fuser: Hit | None) -> tuple[int, int | None, str, int | None]:
+    """(PID, GPU, command, MiB or ``None``) of the first live holder, else of fuser's line."""
+    if live:
+        holder = live[0]
+        mib = round(holder.used_bytes / 2**20) if holder.used_bytes else None
+        return holder.pid, holder.gpu, holder.name, mib
+    assert fuser is not None
+    return int(fuser[1]["pid"]), int(fuser[1]["gpu"]), fuser[1]["command"], None
+
+
+def gpu_held_hidden(bundle: Bundle) -> Diagnosis | None:
+    """nvidia-smi output in the log shows GPU memory in use and a live process holds it (the
+    snapshot's ``ps``, or ``fuser -v /dev/nvidiaN``): occupied, not leaked (FORMAT.md). From
+    inside a container nvidia-smi cannot name a host PID ("No running processes found") and
+    ``kill`` answers "No such process": the holder is in another PID namespace."""
+    found = _hidden_holder(bundle)
+    return None if found is None else _hidden_holder_diagnosis(bundle, found)
+
+
+def _hidden_holder_diagnosis(bundle: Bundle, found: HiddenHolder) -> Diagnosis:
+    numbers: dict[str, float] = {"gpu_index": int(found.gpu or 0), "holder_pid": found.pid}
+    if found.mib is not None:
+        numbers["held_mib"] = found.mib
+    if found.row is not None:
+        numbers["util_percent"] = int(found.row["util"])
+    hits = (found.shown, found.hidden, found.container, found.fuser)
     stop = ""
-    if container is not None:
-        summary += f", in Docker container {container[1]['id']}"
-        stop = f"docker stop {container[1]['id']} (the container that owns it), or "
-        evidence.append(bundle.evidence(container))
-    if fuser is not None:
-        summary += f"; fuser on /dev/nvidia{fuser[1]['gpu']} shows it (user {fuser[1]['user']})"
-        evidence.append(bundle.evidence(fuser))
+    if found.container is not None:
+        stop = f"docker stop {found.container[1]['id']} (the container that owns it), or "
     return Diagnosis(
         category="gpu-occupied-by-other-process",
-        summary=summary,
+        summary=_hidden_holder_summary(found),
         remedy=(
             "run cleanup on the host as root: fuser -v /dev/nvidia* (or lsof /dev/nvidia*) names "
-            f"the holders; {stop}kill the host PID from the host (kill -TERM {pid}, then -KILL), "
-            "then check that the memory is free; do the pre-launch GPU idle check from the host"
+            f"the holders; {stop}kill the host PID from the host (kill -TERM {found.pid}, then "
+            "-KILL), then check that the memory is free; do the pre-launch GPU idle check from "
+            "the host"
         ),
-        evidence=evidence,
+        evidence=[bundle.evidence(hit) for hit in hits if hit is not None],
         numbers=numbers,
     )
 
 
-def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
-    """The latest snapshot is after a cleanup (FORMAT.md: it sets the question): GPU memory used
-    with no process, and host memory that did not come back."""
+def _hidden_holder_summary(found: HiddenHolder) -> str:
+    util = f" at {found.row['util']}% util" if found.row is not None else ""
+    summary = (
+        f"GPU {found.gpu} is occupied by a live process: PID {found.pid} "
+        f"({found.command or '?'}) holds {found.mib if found.mib is not None else '?'} MiB{util}"
+    )
+    if found.hidden is not None:
+        summary += (
+            "; inside the launch container nvidia-smi lists no running process and kill answers "
+            "'No such process', because the holder lives in another PID namespace"
+        )
+    if found.nspid is not None:
+        summary += f" (PID {found.nspid[1]['inner']} there)"
+    if found.container is not None:
+        summary += f", in Docker container {found.container[1]['id']}"
+    if found.fuser is not None:
+        fuser = found.fuser[1]
+        summary += f"; fuser on /dev/nvidia{fuser['gpu']} shows it (user {fuser['user']})"
+    return summary
+
+
+@dataclass(frozen=True)
+class CleanupLeak:
+    """The latest snapshot, taken after a cleanup, shows GPU memory used with no process:
+    ``gpus`` (their indexes as facts.json has them) and MiB each (``used_mib`` by index as text;
+    of a repeated index the last), the host RAM still in use and what did not come back since
+    before the launch (GB, ``None`` when unknown), and the snapshot's notes."""
+
+    gpus: tuple[object, ...]
+    used_mib: Mapping[str, int]
+    host_in_use_gb: float | None
+    host_leaked_gb: float | None
+    notes: tuple[str, ...]
+
+
+def cleanup_leak(bundle: Bundle) -> CleanupLeak | None:
+    """The leak after a cleanup (FORMAT.md: the latest snapshot sets the question), or ``None``
+    when the latest snapshot is not after a cleanup or no GPU holds more than 1 GiB unowned."""
     snapshots = bundle.facts.get("snapshots") or []
     if not snapshots or snapshots[-1].get("phase") != "after_cleanup":
         return None
     last = snapshots[-1]
-    holders = {p.get("gpu_index") for p in last.get("gpu_processes") or []}
+    owned = {p.get("gpu_index") for p in last.get("gpu_processes") or []}
     held = [
         g
         for g in last.get("gpus") or []
-        if (g.get("memory_used_bytes") or 0) > 2**30 and g.get("index") not in holders
+        if (g.get("memory_used_bytes") or 0) > 2**30 and g.get("index") not in owned
     ]
     if not held:
         return None
-    numbers: dict[str, float] = {}
-    for g in held:
-        numbers[f"gpu{g['index']}_used_mib"] = round(g["memory_used_bytes"] / 2**20)
-    gpus = " and ".join(str(g["index"]) for g in held)
-    used = " and ".join(f"{numbers['gpu' + str(g['index']) + '_used_mib']:g}" for g in held)
-    host = ""
-    meminfo = last.get("meminfo") or {}
-    before = _available_before(bundle)
-    if meminfo.get("MemTotal") and meminfo.get("MemAvailable") is not None:
-        in_use = (meminfo["MemTotal"] - meminfo["MemAvailable"]) / 1e9
-        numbers["host_used_after_cleanup_gb"] = round(in_use)
-        host = f" and {in_use:.0f} GB of host RAM stays in use"
-        if before is not None:
-            leaked = before - meminfo["MemAvailable"] / 1e9
-            numbers["leaked_host_gb"] = round(leaked)
-            host += f" ({leaked:.0f} GB more than before the launch)"
-    # Imported here, not at the top: the engine imports this module for RULES, and this
-    # rule asks the engine why the launch failed before the cleanup.
-    from nodes.domain.diagnosis.engine import diagnose
+    used_mib = {str(g["index"]): round(g["memory_used_bytes"] / 2**20) for g in held}
+    in_use, leaked = _host_after_cleanup(bundle, last.get("meminfo") or {})
+    notes = tuple(str(n) for n in last.get("notes") or [])
+    return CleanupLeak(tuple(g["index"] for g in held), used_mib, in_use, leaked, notes)
 
-    earlier = diagnose(
-        "\n".join(bundle.log.lines), {**bundle.facts, "snapshots": snapshots[:-1]}, bundle.flags
-    )
-    cause = (
-        f"; the launch itself failed as {earlier.category}" if earlier.category != "unknown" else ""
-    )
+
+def _host_after_cleanup(
+    bundle: Bundle, meminfo: Mapping[str, Any]
+) -> tuple[float | None, float | None]:
+    """GB of host RAM in use after the cleanup, and how much less is available than before the
+    launch; ``None`` for what the snapshots do not say."""
+    before = _available_before(bundle)
+    if not (meminfo.get("MemTotal") and meminfo.get("MemAvailable") is not None):
+        return None, None
+    in_use = (meminfo["MemTotal"] - meminfo["MemAvailable"]) / 1e9
+    leaked = before - meminfo["MemAvailable"] / 1e9 if before is not None else None
+    return in_use, leaked
+
+
+def leak_diagnosis(leak: CleanupLeak, earlier: Diagnosis) -> Diagnosis:
+    """``leak`` in words, with ``earlier``, the diagnosis of the launch before the cleanup (its
+    category is named unless ``unknown``)."""
+    numbers: dict[str, float] = {f"gpu{key}_used_mib": mib for key, mib in leak.used_mib.items()}
+    host = ""
+    if leak.host_in_use_gb is not None:
+        numbers["host_used_after_cleanup_gb"] = round(leak.host_in_use_gb)
+        host = f" and {leak.host_in_use_gb:.0f} GB of host RAM stays in use"
+        if leak.host_leaked_gb is not None:
+            numbers["leaked_host_gb"] = round(leak.host_leaked_gb)
+            host += f" ({leak.host_leaked_gb:.0f} GB more than before the launch)"
+    gpus = " and ".join(str(index) for index in leak.gpus)
+    used = " and ".join(f"{leak.used_mib[str(index)]:g}" for index in leak.gpus)
+    known = earlier.category != "unknown"
+    cause = f"; the launch itself failed as {earlier.category}" if known else ""
     return Diagnosis(
         category="leaked-gpu-memory",
-        secondary_categories=[earlier.category] if earlier.category != "unknown" else [],
+        secondary_categories=[earlier.category] if known else [],
         summary=(
             f"after cleanup GPU {gpus} still show {used} MiB used{host} with no owning "
             f"process{cause}"
@@ -415,6 +537,6 @@ def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
             "no owning process is left to kill: try a GPU reset (nvidia-smi --gpu-reset) where "
             "supported, else drain and reboot the node (or reload the driver)"
         ),
-        evidence=[Evidence(str(n), None, "snapshot") for n in last.get("notes") or []][:4],
+        evidence=[Evidence(note, None, "snapshot") for note in leak.notes[:4]],
         numbers=numbers,
     )

@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import LOAD_BEGIN, LOAD_END, Bundle, Diagnosis, GiB, _fmt, _num
-from nodes.domain.diagnosis.gpu_holders import OOM_BEFORE_2_1, oom_figures
+from nodes.domain.diagnosis.evidence import (
+    LOAD_BEGIN,
+    LOAD_END,
+    Bundle,
+    Diagnosis,
+    GiB,
+    Hit,
+    _fmt,
+    _num,
+)
+from nodes.domain.diagnosis.pytorch_oom import OOM_BEFORE_2_1, oom_figures
 
 NOT_ENOUGH_KV = re.compile(
     r"Not enough memory\. Please try to increase --mem-fraction-static|Loaded weights leave no "
@@ -15,53 +25,100 @@ NOT_ENOUGH_KV = re.compile(
 )
 
 
-def mem_fraction_too_low(bundle: Bundle) -> Diagnosis | None:
-    """Weights leave no KV space: mem-fraction-static keeps (1 − mfs) × the free memory before
-    the weights for activations, and what is left after the weights is less (§3)."""
+@dataclass(frozen=True)
+class NoKvRoom:
+    """What the weights left, GiB (``Load weight begin/end``): free memory before and after them,
+    their size; what the fraction keeps back (``reserved`` = before × (1 − mfs)), what is left
+    for KV (``kv`` = after − reserved), the fraction above which KV gets room (``threshold``,
+    rounded up to 0.001) and the card's size (one decimal) when the facts say."""
+
+    hit: Hit
+    begin: Hit
+    end: Hit
+    before: float
+    after: float
+    weights: float
+    mfs: float
+    reserved: float
+    kv: float
+    threshold: float
+    gpu_total_gib: float | None
+
+    @property
+    def suggested(self) -> float:
+        """The threshold rounded down to 0.01, plus 0.01, at most 0.95."""
+        return min(math.floor(self.threshold * 100) / 100 + 0.01, 0.95)
+
+
+def _no_kv_room(bundle: Bundle) -> NoKvRoom | None:
     hit = bundle.log.first(NOT_ENOUGH_KV)
     begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
     mfs = bundle.number("mem_fraction_static")
     if hit is None or begin is None or end is None or mfs is None:
         return None
-    before, after, weights = (
-        _num(begin[1]["avail"]),
-        _num(end[1]["avail"]),
-        _num(end[1]["used"]),
-    )
-    mfs = float(mfs)
+    before, after = _num(begin[1]["avail"]), _num(end[1]["avail"])
+    weights, mfs = _num(end[1]["used"]), float(mfs)
     reserved = before * (1 - mfs)
-    kv = after - reserved
-    threshold = math.ceil((1 - after / before) * 1000) / 1000
     gpus = (bundle.facts.get("node") or {}).get("gpus") or []
+    total = None
+    if gpus and gpus[0].get("memory_total_bytes"):
+        total = round(gpus[0]["memory_total_bytes"] / GiB, 1)
+    return NoKvRoom(
+        hit,
+        begin,
+        end,
+        before,
+        after,
+        weights,
+        mfs,
+        reserved,
+        kv=after - reserved,
+        threshold=math.ceil((1 - after / before) * 1000) / 1000,
+        gpu_total_gib=total,
+    )
+
+
+def mem_fraction_too_low(bundle: Bundle) -> Diagnosis | None:
+    """Weights leave no KV space: mem-fraction-static keeps (1 − mfs) × the free memory before
+    the weights for activations, and what is left after the weights is less (§3)."""
+    found = _no_kv_room(bundle)
+    return None if found is None else _no_kv_room_diagnosis(bundle, found)
+
+
+def _no_kv_room_diagnosis(bundle: Bundle, found: NoKvRoom) -> Diagnosis:
     numbers = {
-        "avail_before_load_gib": before,
-        "weights_gib": weights,
-        "avail_after_load_gib": after,
-        "mem_fraction_static": mfs,
-        "reserved_gib": round(reserved, 2),
-        "kv_budget_gib": round(kv, 2),
-        "mem_fraction_static_threshold": threshold,
-        "suggested_mem_fraction_static": min(math.floor(threshold * 100) / 100 + 0.01, 0.95),
+        "avail_before_load_gib": found.before,
+        "weights_gib": found.weights,
+        "avail_after_load_gib": found.after,
+        "mem_fraction_static": found.mfs,
+        "reserved_gib": round(found.reserved, 2),
+        "kv_budget_gib": round(found.kv, 2),
+        "mem_fraction_static_threshold": found.threshold,
+        "suggested_mem_fraction_static": found.suggested,
     }
     total = ""
-    if gpus and gpus[0].get("memory_total_bytes"):
-        numbers["gpu_total_gib"] = round(gpus[0]["memory_total_bytes"] / GiB, 1)
-        total = f" on a {_fmt(numbers['gpu_total_gib'], 1)} GiB GPU"
+    if found.gpu_total_gib is not None:
+        numbers["gpu_total_gib"] = found.gpu_total_gib
+        total = f" on a {_fmt(found.gpu_total_gib, 1)} GiB GPU"
     return Diagnosis(
         category="mem-fraction-too-low",
         summary=(
-            f"KV cache cannot be allocated{total}: after {weights:.2f} GiB of weights only "
-            f"{after:.2f} GiB is free, but --mem-fraction-static {_fmt(mfs)} keeps "
-            f"{before:.2f} x {_fmt(1 - mfs)} = {reserved:.2f} GiB of the pre-load free memory "
-            f"for activations/graphs, leaving {kv:.2f} GiB for KV; this needs a higher fraction "
-            f"(above {threshold}) or more GPUs"
+            f"KV cache cannot be allocated{total}: after {found.weights:.2f} GiB of weights only "
+            f"{found.after:.2f} GiB is free, but --mem-fraction-static {_fmt(found.mfs)} keeps "
+            f"{found.before:.2f} x {_fmt(1 - found.mfs)} = {found.reserved:.2f} GiB of the "
+            f"pre-load free memory for activations/graphs, leaving {found.kv:.2f} GiB for KV; "
+            f"this needs a higher fraction (above {found.threshold}) or more GPUs"
         ),
         remedy=(
-            f"increase --mem-fraction-static above {threshold} (reserved = free-before-load x "
-            "(1 - mem_fraction_static)), or spread the weights over more GPUs (--tp 2); this is "
+            f"increase --mem-fraction-static above {found.threshold} (reserved = free-before-load "
+            "x (1 - mem_fraction_static)), or spread the weights over more GPUs (--tp 2); this is "
             "an init OOM, not a runtime one (init OOM vs runtime OOM)"
         ),
-        evidence=[bundle.evidence(hit), bundle.evidence(begin), bundle.evidence(end)],
+        evidence=[
+            bundle.evidence(found.hit),
+            bundle.evidence(found.begin),
+            bundle.evidence(found.end),
+        ],
         numbers=numbers,
     )
 
@@ -87,94 +144,200 @@ BS_NOTE = re.compile(
 )
 
 
-def gpu_oom_cuda_graph(bundle: Bundle) -> Diagnosis | None:
-    """Out of GPU memory while capturing CUDA graphs: what mem-fraction-static left outside the
-    static pool (activations, graphs) was too little (§3, §6). With no fraction on the command
-    line the value in ``server_args`` is SGLang's automatic one (§1c)."""
+@dataclass(frozen=True)
+class GraphOom:
+    """An OOM while capturing CUDA graphs on GPU ``gpu``: its sizes in GiB; the fraction
+    (``auto``: SGLang chose it) and the free memory before the weights (GiB, read only with a
+    fraction); the capture's largest batch size and the smaller one this version's default
+    raised it from (``raised_from``); HiCache's ratio and page size when it is on."""
+
+    hit: Hit
+    gpu: int
+    tried: float
+    total: float
+    free: float
+    tp: int
+    label: str | None
+    mfs: float | None
+    auto: bool
+    before: float | None
+    max_bs: int | None
+    raised_from: int | None
+    hicache: tuple[float, int] | None
+
+    @property
+    def reserved(self) -> float | None:
+        """GiB the fraction keeps outside the static pool: (1 − mfs) × free before the weights."""
+        if self.mfs is None or self.before is None:
+            return None
+        return round((1 - self.mfs) * self.before, 2)
+
+    @property
+    def lower_mfs(self) -> float | None:
+        """The fraction to suggest: 0.04 lower, for fractions above 0.5 only."""
+        # Roughly 0.03-0.05 more of the card per step is what a capture OOM usually needs.
+        return self.mfs - 0.04 if self.mfs is not None and self.mfs > 0.5 else None
+
+    @property
+    def lower_bs(self) -> int | None:
+        """The batch size to cap capture at: the one before the raise, else half the largest."""
+        if self.raised_from is not None:
+            return self.raised_from
+        return self.max_bs // 2 if self.max_bs is not None else None
+
+
+def _graph_oom_sizes(bundle: Bundle) -> tuple[Hit, float, float, float] | None:
+    """The capture OOM's line and its tried, total and free GiB, in either PyTorch text."""
     hit = bundle.log.first(GRAPH_OOM)
     if hit is not None:
         tried, total, free = (_num(hit[1][k]) for k in ("tried", "total", "free"))
-    elif (hit := bundle.log.first(GRAPH_OOM_BEFORE_2_1)) is not None:
-        figures = oom_figures(hit[1])
-        tried, total, free = figures["tried"], figures["total"], figures["free"]
-    else:
+        return hit, tried, total, free
+    hit = bundle.log.first(GRAPH_OOM_BEFORE_2_1)
+    if hit is None:
         return None
-    gpu = int(hit[1]["gpu"])
-    mfs = bundle.number("mem_fraction_static")
-    auto = bundle.flag("mem_fraction_static") is None and not bundle.given("--mem-fraction-static")
-    tp = bundle.tp()
-    numbers: dict[str, float] = {
-        "tried_to_allocate_gib": tried,
-        "free_gib_at_oom": free,
-        "gpu_total_gib": total,
-        "failing_gpu": gpu,
-        "tp_size": tp,
-    }
-    label = bundle.gpu_label()
-    on = f" ({label}, TP {tp})" if label else f" (TP {tp})"
-    keeps = ""
-    begin = bundle.log.first(LOAD_BEGIN)
-    if mfs is not None:
-        numbers["mem_fraction_static_failing"] = mfs
-        keeps = f"; {'the automatic ' if auto else ''}--mem-fraction-static {_fmt(mfs, 3)} "
-        if begin is not None:
-            before = _num(begin[1]["avail"])
-            reserved = round((1 - mfs) * before, 2)
-            numbers.update(reserved_gib_for_graphs=reserved)
-            keeps += f"keeps only {_fmt(1 - mfs, 3)} x {before:.2f} = {reserved:.2f} GiB"
-            if auto:
-                numbers["reserve_gib_of_total"] = round((1 - mfs) * total, 2)
-                keeps += f" (of the whole card {_fmt(1 - mfs, 3)} x {total:.2f} = "
-                keeps += f"{(1 - mfs) * total:.2f} GiB)"
-            keeps += " for graphs and activations"
-    graph = ""
+    figures = oom_figures(hit[1])
+    return hit, figures["tried"], figures["total"], figures["free"]
+
+
+def _capture_bs(bundle: Bundle) -> tuple[int | None, int | None]:
+    """(the capture's largest batch size, the size this version's default raised it from)."""
     max_bs = bundle.setting("cuda_graph_max_bs")
     captured = bundle.log.find(CAPTURE_BS)
     if not isinstance(max_bs, int) and captured:
         max_bs = max(int(m["bs"]) for _, m in captured)
-    lower_bs = max_bs // 2 if isinstance(max_bs, int) else None
-    if isinstance(max_bs, int):
-        numbers["cuda_graph_max_bs"] = max_bs
-        graph = f"; capture goes up to bs {max_bs}"
-        note = bundle.note_match(BS_NOTE)
-        if note is not None and int(note["after"]) == max_bs:
-            lower_bs = int(note["before"])
-            numbers["cuda_graph_max_bs_before"] = lower_bs
-            graph += f" (raised from {lower_bs} by this version's default)"
-    extra = ""
+    if not isinstance(max_bs, int):
+        return None, None
+    note = bundle.note_match(BS_NOTE)
+    if note is not None and int(note["after"]) == max_bs:
+        return max_bs, int(note["before"])
+    return max_bs, None
+
+
+def _graph_oom(bundle: Bundle) -> GraphOom | None:
+    sizes = _graph_oom_sizes(bundle)
+    if sizes is None:
+        return None
+    hit, tried, total, free = sizes
+    mfs = bundle.number("mem_fraction_static")
+    auto = bundle.flag("mem_fraction_static") is None and not bundle.given("--mem-fraction-static")
+    begin = bundle.log.first(LOAD_BEGIN)
+    before = _num(begin[1]["avail"]) if mfs is not None and begin is not None else None
+    max_bs, raised_from = _capture_bs(bundle)
+    hicache = None
     if bundle.flag("enable_hierarchical_cache") is True:
-        ratio, page = bundle.number("hicache_ratio") or 2.0, bundle.count("page_size")
-        numbers.update(hicache_ratio=ratio, page_size=page)
-        extra = (
-            f"; HiCache (hicache_ratio {_fmt(ratio)}, page_size {page}) adds transfer "
-            "buffers on top"
-        )
-    # Roughly 0.03-0.05 more of the card per step is what a capture OOM usually needs.
-    lower = f" to {mfs - 0.04:.2f}" if mfs is not None and mfs > 0.5 else ""
-    if mfs is not None and lower:
-        numbers["suggested_mem_fraction_static"] = round(mfs - 0.04, 2)
-    if lower_bs:
-        numbers["suggested_cuda_graph_max_bs"] = lower_bs
+        hicache = (bundle.number("hicache_ratio") or 2.0, bundle.count("page_size"))
+    return GraphOom(
+        hit,
+        int(hit[1]["gpu"]),
+        tried,
+        total,
+        free,
+        bundle.tp(),
+        bundle.gpu_label(),
+        mfs,
+        auto,
+        before,
+        max_bs,
+        raised_from,
+        hicache,
+    )
+
+
+def gpu_oom_cuda_graph(bundle: Bundle) -> Diagnosis | None:
+    """Out of GPU memory while capturing CUDA graphs: what mem-fraction-static left outside the
+    static pool (activations, graphs) was too little (§3, §6). With no fraction on the command
+    line the value in ``server_args`` is SGLang's automatic one (§1c)."""
+    found = _graph_oom(bundle)
+    return None if found is None else _graph_oom_diagnosis(bundle, found)
+
+
+def _graph_oom_diagnosis(bundle: Bundle, found: GraphOom) -> Diagnosis:
+    on = f" ({found.label}, TP {found.tp})" if found.label else f" (TP {found.tp})"
     return Diagnosis(
         category="gpu-oom-cuda-graph",
         secondary_categories=["mem-fraction-too-high"],
         summary=(
-            f"GPU OOM during CUDA-graph capture on GPU {gpu}{on}: tried to allocate {tried:.2f} "
-            f"GiB, {free:.2f} GiB of {_fmt(total)} GiB free{keeps}{graph}{extra}"
+            f"GPU OOM during CUDA-graph capture on GPU {found.gpu}{on}: tried to allocate "
+            f"{found.tried:.2f} GiB, {found.free:.2f} GiB of {_fmt(found.total)} GiB free"
+            f"{_graph_oom_keeps(found)}{_graph_oom_capture(found)}{_graph_oom_hicache(found)}"
         ),
-        remedy=(
-            f"lower --mem-fraction-static{lower}"
-            + (" (re-tune the mem fraction when enabling HiCache)" if extra else "")
-            + ", or cap graph capture with --cuda-graph-max-bs"
-            + (f" {lower_bs}" if lower_bs else "")
-            + (
-                "; a larger --page-size shrinks the hicache transfer buffers"
-                if extra
-                else "; upgrade if a newer version reserves more for graphs on this GPU"
-            )
-        ),
-        evidence=[bundle.evidence(hit)],
-        numbers=numbers,
+        remedy=_graph_oom_remedy(found),
+        evidence=[bundle.evidence(found.hit)],
+        numbers=_graph_oom_numbers(found),
+    )
+
+
+def _graph_oom_numbers(found: GraphOom) -> dict[str, float]:
+    numbers: dict[str, float] = {
+        "tried_to_allocate_gib": found.tried,
+        "free_gib_at_oom": found.free,
+        "gpu_total_gib": found.total,
+        "failing_gpu": found.gpu,
+        "tp_size": found.tp,
+    }
+    if found.mfs is not None:
+        numbers["mem_fraction_static_failing"] = found.mfs
+        if found.reserved is not None:
+            numbers["reserved_gib_for_graphs"] = found.reserved
+            if found.auto:
+                numbers["reserve_gib_of_total"] = round((1 - found.mfs) * found.total, 2)
+    if found.max_bs is not None:
+        numbers["cuda_graph_max_bs"] = found.max_bs
+        if found.raised_from is not None:
+            numbers["cuda_graph_max_bs_before"] = found.raised_from
+    if found.hicache is not None:
+        numbers.update(hicache_ratio=found.hicache[0], page_size=found.hicache[1])
+    if found.lower_mfs is not None:
+        numbers["suggested_mem_fraction_static"] = round(found.lower_mfs, 2)
+    if found.lower_bs:
+        numbers["suggested_cuda_graph_max_bs"] = found.lower_bs
+    return numbers
+
+
+def _graph_oom_keeps(found: GraphOom) -> str:
+    """What the fraction keeps for graphs and activations; empty without a fraction."""
+    if found.mfs is None:
+        return ""
+    mfs, auto = found.mfs, found.auto
+    keeps = f"; {'the automatic ' if auto else ''}--mem-fraction-static {_fmt(mfs, 3)} "
+    if found.before is None or found.reserved is None:
+        return keeps
+    keeps += f"keeps only {_fmt(1 - mfs, 3)} x {found.before:.2f} = {found.reserved:.2f} GiB"
+    if auto:
+        keeps += f" (of the whole card {_fmt(1 - mfs, 3)} x {found.total:.2f} = "
+        keeps += f"{(1 - mfs) * found.total:.2f} GiB)"
+    return keeps + " for graphs and activations"
+
+
+def _graph_oom_capture(found: GraphOom) -> str:
+    if found.max_bs is None:
+        return ""
+    graph = f"; capture goes up to bs {found.max_bs}"
+    if found.raised_from is not None:
+        graph += f" (raised from {found.raised_from} by this version's default)"
+    return graph
+
+
+def _graph_oom_hicache(found: GraphOom) -> str:
+    if found.hicache is None:
+        return ""
+    ratio, page = found.hicache
+    return f"; HiCache (hicache_ratio {_fmt(ratio)}, page_size {page}) adds transfer buffers on top"
+
+
+def _graph_oom_remedy(found: GraphOom) -> str:
+    hicache = found.hicache is not None
+    return (
+        "lower --mem-fraction-static"
+        + (f" to {found.lower_mfs:.2f}" if found.lower_mfs is not None else "")
+        + (" (re-tune the mem fraction when enabling HiCache)" if hicache else "")
+        + ", or cap graph capture with --cuda-graph-max-bs"
+        + (f" {found.lower_bs}" if found.lower_bs else "")
+        + (
+            "; a larger --page-size shrinks the hicache transfer buffers"
+            if hicache
+            else "; upgrade if a newer version reserves more for graphs on this GPU"
+        )
     )
 
 
@@ -192,62 +355,109 @@ MFS_NOTE = re.compile(
 )
 
 
-def mem_fraction_window(bundle: Bundle) -> Diagnosis | None:
-    """Attempts at two fractions where the higher ran out of GPU memory and the lower left no
-    KV cache: no value of mem-fraction-static works for this configuration (§3: the fraction
-    splits the free memory before load between the static pools and everything else)."""
+@dataclass(frozen=True)
+class FractionWindow:
+    """Two attempts at ``high`` and ``lower`` mem-fraction-static, the first out of GPU memory
+    (``oom``), the second without room for KV (``low``); the card (``label``, its size in GiB,
+    the free memory before the weights), whether speculative decoding ran, and the fraction a
+    snapshot note says fails at and above (as the note writes it)."""
+
+    oom: Hit
+    low: Hit
+    high: float
+    lower: float
+    label: str | None
+    gpu_total_gib: float | None
+    before: float | None
+    speculative: bool
+    noted_mfs: str | None
+
+
+def _card_size(bundle: Bundle) -> float | None:
+    """GiB of the card: PyTorch's ``total capacity`` in the log, else the node's first GPU."""
+    capacity = bundle.log.first(TOTAL_CAPACITY)
+    if capacity is not None:
+        return _num(capacity[1]["total"])
+    gpus = (bundle.facts.get("node") or {}).get("gpus") or []
+    total = (gpus[0] or {}).get("memory_total_bytes") if gpus else None
+    return round(total / GiB, 2) if isinstance(total, int | float) and total > 0 else None
+
+
+def _fraction_window(bundle: Bundle) -> FractionWindow | None:
     oom, low = bundle.log.first(CUDA_OOM), bundle.log.first(NOT_ENOUGH_KV)
     attempts = [_num(m["mfs"]) for _, m in bundle.log.find(ATTEMPT_MFS)]
     if oom is None or low is None or len(set(attempts)) < 2:
         return None
-    high, lower = max(attempts), min(attempts)
-    numbers: dict[str, float] = {"mfs_oom": high, "mfs_not_enough_memory": lower}
-    card = ""
     label = bundle.gpu_label()
-    capacity = bundle.log.first(TOTAL_CAPACITY)
-    if capacity is not None:
-        numbers["gpu_total_gib"] = _num(capacity[1]["total"])
-    else:
-        gpus = (bundle.facts.get("node") or {}).get("gpus") or []
-        total = (gpus[0] or {}).get("memory_total_bytes") if gpus else None
-        if isinstance(total, int | float) and total > 0:
-            numbers["gpu_total_gib"] = round(total / GiB, 2)
+    total = _card_size(bundle)
     begin = bundle.log.first(LOAD_BEGIN)
-    if begin is not None:
-        numbers["avail_before_load_gib"] = _num(begin[1]["avail"])
-    if label or "gpu_total_gib" in numbers:
-        card = f" on {label or 'a GPU'}"
-        if "gpu_total_gib" in numbers:
-            card += f" ({numbers['gpu_total_gib']:.2f} GiB"
-            if begin is not None:
-                card += f", {numbers['avail_before_load_gib']:.2f} GiB free before the weights"
-            card += ")"
+    note = bundle.note_match(MFS_NOTE)
+    return FractionWindow(
+        oom,
+        low,
+        max(attempts),
+        min(attempts),
+        label,
+        total,
+        before=_num(begin[1]["avail"]) if begin is not None else None,
+        speculative=bool(bundle.setting("speculative_algorithm")),
+        noted_mfs=note["mfs"] if note is not None else None,
+    )
+
+
+def mem_fraction_window(bundle: Bundle) -> Diagnosis | None:
+    """Attempts at two fractions where the higher ran out of GPU memory and the lower left no
+    KV cache: no value of mem-fraction-static works for this configuration (§3: the fraction
+    splits the free memory before load between the static pools and everything else)."""
+    found = _fraction_window(bundle)
+    return None if found is None else _fraction_window_diagnosis(bundle, found)
+
+
+def _fraction_window_diagnosis(bundle: Bundle, found: FractionWindow) -> Diagnosis:
+    numbers: dict[str, float] = {"mfs_oom": found.high, "mfs_not_enough_memory": found.lower}
+    if found.gpu_total_gib is not None:
+        numbers["gpu_total_gib"] = found.gpu_total_gib
+    if found.before is not None:
+        numbers["avail_before_load_gib"] = found.before
     speculative = ""
-    if bundle.setting("speculative_algorithm"):
+    if found.speculative:
         speculative = (
             " (with speculative decoding the draft model's pool is sized from what the target "
             "model and its KV pool left)"
         )
     related = ""
-    note = bundle.note_match(MFS_NOTE)
-    if note is not None:
-        numbers["noted_oom_at_mfs_ge"] = float(note["mfs"])
+    if found.noted_mfs is not None:
+        numbers["noted_oom_at_mfs_ge"] = float(found.noted_mfs)
         related = (
             f"; the notes add a report that runs out of memory at every --mem-fraction-static "
-            f">= {note['mfs']}"
+            f">= {found.noted_mfs}"
         )
     return Diagnosis(
         category="mem-fraction-window",
         secondary_categories=["gpu-oom-cuda-graph", "mem-fraction-too-low"],
         summary=(
-            f"no workable --mem-fraction-static{card}: {_fmt(high)} runs out of GPU memory and "
-            f"{_fmt(lower)} leaves no memory for the KV cache{speculative}{related}; shrink the "
-            "demand instead of tuning the fraction"
+            f"no workable --mem-fraction-static{_fraction_window_card(found)}: "
+            f"{_fmt(found.high)} runs out of GPU memory and {_fmt(found.lower)} leaves no memory "
+            f"for the KV cache{speculative}{related}; shrink the demand instead of tuning the "
+            "fraction"
         ),
         remedy=(
             "reduce --max-running-requests, --cuda-graph-max-bs or --context-length (with "
             "speculative decoding also --speculative-num-draft-tokens), or use more GPUs (--tp 2)"
         ),
-        evidence=[bundle.evidence(oom), bundle.evidence(low)],
+        evidence=[bundle.evidence(found.oom), bundle.evidence(found.low)],
         numbers=numbers,
     )
+
+
+def _fraction_window_card(found: FractionWindow) -> str:
+    """`` on L40S 48GB (44.39 GiB, 43.50 GiB free before the weights)``, what is known of it."""
+    if not found.label and found.gpu_total_gib is None:
+        return ""
+    card = f" on {found.label or 'a GPU'}"
+    if found.gpu_total_gib is None:
+        return card
+    card += f" ({found.gpu_total_gib:.2f} GiB"
+    if found.before is not None:
+        card += f", {found.before:.2f} GiB free before the weights"
+    return card + ")"

@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, GiB, _fmt, _num
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, GiB, Hit, _fmt, _num
 from nodes.domain.diagnosis.host_pools import (
     HOST_RESERVE_GB,
+    HostPools,
     _available_before,
     _host_pool_source,
     _host_pools,
@@ -56,64 +60,103 @@ def host_precheck(bundle: Bundle) -> Diagnosis | None:
     )
 
 
-def host_oom_hicache(bundle: Bundle) -> Diagnosis | None:
-    """The host pools SGLang says it pins, summed over the ranks on this node, exceed the
-    node's memory: each rank checked alone (≤ 0.5.18), so none refused (§2, §6)."""
+@dataclass(frozen=True)
+class PoolsOverHost:
+    """The host pools of the ranks on this node (GB) over the memory they come out of:
+    ``limit`` is MemAvailable before the launch (``before``) when known, else the host RAM
+    (``ram``); ``fits`` the --hicache-size per rank that would have fitted (SGLang's reserve
+    kept back), ``meant`` the per-rank share of a size meant for the whole node."""
+
+    pools: HostPools
+    ram: float | None
+    before: float | None
+    limit: float
+    tp: int
+    fits: int
+    meant: int
+
+
+def _pools_over_host(bundle: Bundle) -> PoolsOverHost | None:
     found = _host_pools(bundle)
     if found is None:
         return None
-    ranks, pools, each, total = found.ranks, found.pools, found.each, found.total
-    hits = found.hits
     ram, before = bundle.host_ram_gb(), _available_before(bundle)
     limit = before if before is not None else ram
-    if limit is None or total <= limit:
+    if limit is None or found.total <= limit:
         return None
-    tp = bundle.count("tp_size", "tensor_parallel_size", default=ranks)
-    numbers = {
-        "tp_size": tp,
-        "local_ranks": ranks,
-        "hicache_size_gb_per_rank": pools[0],
-        "per_rank_total_gb": each,
-        "aggregate_gb": total,
-    }
-    if len(pools) > 1:
-        parts = " + ".join(f"{_fmt(p)} GB" for p in pools)
-        per = f"host pools {parts} = {_fmt(each)} GB per rank"
-        numbers["dsa_indexer_gb_per_rank"] = pools[1]
-    else:
-        per = f"--hicache-size {_fmt(each)} GB is per TP rank; {ranks} ranks"
-    against = f"{_fmt(limit)} GB {'available' if before is not None else 'host RAM'}"
-    if ram is not None:
-        numbers["host_ram_gb"] = round(ram, 2)
-        if before is not None:
-            numbers["mem_available_before_gb"] = round(before, 2)
-            against += f" ({_fmt(ram)} GB host RAM)"
-    if len(pools) > 1:
-        summary = (
-            f"host RAM exhausted: {per} x {ranks} local ranks = {_fmt(total)} GB > {against}; "
-            "SGLang checked each rank alone"
-        )
-    else:
-        summary = f"host RAM exhausted: {per} x {_fmt(each)} GB = {_fmt(total)} GB > {against}"
-    meant = math.floor(pools[0] / ranks)
-    fits = math.floor((limit - HOST_RESERVE_GB) / ranks - (each - pools[0]))
-    if fits > 0:
-        numbers["suggested_hicache_size_gb"] = fits
-    evidence = [bundle.evidence(hit) for hit in hits[: ranks * len(pools)]]
+    ranks, first = found.ranks, found.pools[0]
+    return PoolsOverHost(
+        found,
+        ram,
+        before,
+        limit,
+        tp=bundle.count("tp_size", "tensor_parallel_size", default=ranks),
+        fits=math.floor((limit - HOST_RESERVE_GB) / ranks - (found.each - first)),
+        meant=math.floor(first / ranks),
+    )
+
+
+def host_oom_hicache(bundle: Bundle) -> Diagnosis | None:
+    """The host pools SGLang says it pins, summed over the ranks on this node, exceed the
+    node's memory: each rank checked alone (≤ 0.5.18), so none refused (§2, §6)."""
+    found = _pools_over_host(bundle)
+    return None if found is None else _pools_over_host_diagnosis(bundle, found)
+
+
+def _pools_over_host_diagnosis(bundle: Bundle, found: PoolsOverHost) -> Diagnosis:
+    pools = found.pools
+    evidence = [bundle.evidence(hit) for hit in pools.hits[: pools.ranks * len(pools.pools)]]
     for snapshot in bundle.facts.get("snapshots") or []:
         for line in (snapshot.get("kernel_log") or [])[:3]:
             evidence.append(Evidence(str(line)[:300], None, "snapshot"))
     return Diagnosis(
         category="host-oom-hicache",
-        summary=summary,
+        summary=_pools_over_host_summary(found),
         remedy=(
             f"--hicache-size is per rank (the aggregate across local ranks is what the node "
-            f"must hold): reduce --hicache-size to at most {max(fits, 0)} GB per rank here; if "
-            f"{_fmt(pools[0])} GB was meant for the whole node, that is --hicache-size {meant}"
+            f"must hold): reduce --hicache-size to at most {max(found.fits, 0)} GB per rank "
+            f"here; if {_fmt(pools.pools[0])} GB was meant for the whole node, that is "
+            f"--hicache-size {found.meant}"
         ),
         evidence=evidence,
-        numbers=numbers,
+        numbers=_pools_over_host_numbers(found),
     )
+
+
+def _pools_over_host_numbers(found: PoolsOverHost) -> dict[str, float]:
+    pools = found.pools
+    numbers = {
+        "tp_size": found.tp,
+        "local_ranks": pools.ranks,
+        "hicache_size_gb_per_rank": pools.pools[0],
+        "per_rank_total_gb": pools.each,
+        "aggregate_gb": pools.total,
+    }
+    if len(pools.pools) > 1:
+        numbers["dsa_indexer_gb_per_rank"] = pools.pools[1]
+    if found.ram is not None:
+        numbers["host_ram_gb"] = round(found.ram, 2)
+        if found.before is not None:
+            numbers["mem_available_before_gb"] = round(found.before, 2)
+    if found.fits > 0:
+        numbers["suggested_hicache_size_gb"] = found.fits
+    return numbers
+
+
+def _pools_over_host_summary(found: PoolsOverHost) -> str:
+    pools = found.pools
+    each, total = _fmt(pools.each), _fmt(pools.total)
+    against = f"{_fmt(found.limit)} GB {'available' if found.before is not None else 'host RAM'}"
+    if found.ram is not None and found.before is not None:
+        against += f" ({_fmt(found.ram)} GB host RAM)"
+    if len(pools.pools) > 1:
+        parts = " + ".join(f"{_fmt(p)} GB" for p in pools.pools)
+        return (
+            f"host RAM exhausted: host pools {parts} = {each} GB per rank x {pools.ranks} local "
+            f"ranks = {total} GB > {against}; SGLang checked each rank alone"
+        )
+    per = f"--hicache-size {each} GB is per TP rank; {pools.ranks} ranks"
+    return f"host RAM exhausted: {per} x {each} GB = {total} GB > {against}"
 
 
 NODE_OOM_KILL = re.compile(r"Out of memory: Killed process (?P<pid>\d+)")
@@ -122,59 +165,100 @@ NODE_OOM_KILL = re.compile(r"Out of memory: Killed process (?P<pid>\d+)")
 SHELL_KILLED = re.compile(r"^\S+: line \d+:\s+(?P<pid>\d+) Killed\s")
 
 
-def host_oom_pinned(bundle: Bundle) -> Diagnosis | None:
-    """The host pools fit at start-up, but pinned (``cudaHostRegister``/``pin_memory``, §2) they
-    cannot be reclaimed, and the kernel's OOM killer struck later: the pools' share of this
-    server's host budget is what to show. Needs the kernel's ``Out of memory: Killed process``."""
-    pools = _host_pools(bundle)
-    kills = [
-        Evidence(str(line)[:300], None, "snapshot")
+@dataclass(frozen=True)
+class PinnedShare:
+    """This server's share of the host memory (GB, and what it is), the part of it the host
+    pools pin, and the GB per rank that keeps them under half of it (pinned memory is never
+    reclaimed, §9 rule 1)."""
+
+    budget: float
+    what: str
+    pinned_fraction: float
+    suggested: int
+
+
+@dataclass(frozen=True)
+class PinnedKill:
+    """Host pools that fitted at start-up, the kernel's later OOM kill (its lines), and the
+    pools against this server's share of the host (``None``: the share is unknown)."""
+
+    pools: HostPools
+    kills: tuple[str, ...]
+    tp: int
+    share: PinnedShare | None
+
+
+def _oom_kill_lines(bundle: Bundle) -> list[str]:
+    """The snapshots' kernel log lines of the OOM killer (``Out of memory: Killed process``)."""
+    return [
+        str(line)[:300]
         for s in bundle.snapshots()
         for line in s.get("kernel_log") or []
         if NODE_OOM_KILL.search(str(line))
     ]
+
+
+def _pinned_kill(bundle: Bundle) -> PinnedKill | None:
+    pools = _host_pools(bundle)
+    kills = _oom_kill_lines(bundle)
     if pools is None or not kills:
         return None
-    source, numbers = _host_pool_source(bundle)
-    tp = bundle.tp()
-    numbers.update(
-        tp_size=tp,
-        hicache_gb_per_rank=pools.each,
-        local_ranks=pools.ranks,
-        hicache_gb_total=pools.total,
-    )
     share = _host_share(bundle) or (
         (before, "the memory available before the launch")
         if (before := _available_before(bundle)) is not None
         else None
     )
-    against, fits = "", ""
+    pinned = None
     if share is not None:
         budget, what = share
-        numbers.update(host_budget_gb=round(budget, 2))
-        numbers["fraction_of_budget_pinned"] = round(pools.total / budget, 2)
-        against = f", {pools.total / budget:.2f} of {what} ({_fmt(budget)} GB)"
-        # Pinned memory is never reclaimed: keep the pools under half of the share (§9 rule 1).
-        numbers["suggested_hicache_size_gb"] = math.floor(0.5 * budget / pools.ranks)
-        fits = f"; --hicache-size {math.floor(0.5 * budget / pools.ranks)} or less per rank keeps "
-        fits += "the pinned total under half of the host budget share"
+        suggested = math.floor(0.5 * budget / pools.ranks)
+        pinned = PinnedShare(budget, what, pools.total / budget, suggested)
+    return PinnedKill(pools, tuple(kills), bundle.tp(), pinned)
+
+
+def host_oom_pinned(bundle: Bundle) -> Diagnosis | None:
+    """The host pools fit at start-up, but pinned (``cudaHostRegister``/``pin_memory``, §2) they
+    cannot be reclaimed, and the kernel's OOM killer struck later: the pools' share of this
+    server's host budget is what to show. Needs the kernel's ``Out of memory: Killed process``."""
+    found = _pinned_kill(bundle)
+    return None if found is None else _pinned_kill_diagnosis(bundle, found)
+
+
+def _pinned_kill_diagnosis(bundle: Bundle, found: PinnedKill) -> Diagnosis:
+    pools = found.pools
+    source, numbers = _host_pool_source(bundle)
+    numbers.update(
+        tp_size=found.tp,
+        hicache_gb_per_rank=pools.each,
+        local_ranks=pools.ranks,
+        hicache_gb_total=pools.total,
+    )
+    against, fits = "", ""
+    if (share := found.share) is not None:
+        numbers.update(host_budget_gb=round(share.budget, 2))
+        numbers["fraction_of_budget_pinned"] = round(share.pinned_fraction, 2)
+        numbers["suggested_hicache_size_gb"] = share.suggested
+        against = f", {share.pinned_fraction:.2f} of {share.what} ({_fmt(share.budget)} GB)"
+        fits = f"; --hicache-size {share.suggested} or less per rank keeps the pinned total "
+        fits += "under half of the host budget share"
     evidence = [bundle.evidence(hit) for hit in pools.hits[: pools.ranks]]
     killed = bundle.log.first(SHELL_KILLED)
     if killed is not None:
         evidence.append(bundle.evidence(killed))
+    kills = [Evidence(line, None, "snapshot") for line in found.kills[:2]]
     return Diagnosis(
         category="host-oom-hicache",
         summary=(
             f"host RAM exhausted after start-up: {source} = {pools.each:.2f} GB pinned per rank x "
-            f"{pools.ranks} ranks (TP {tp}) = {pools.total:.2f} GB{against}; pinned pages cannot "
-            "be reclaimed, so later load drove the node into the kernel OOM killer"
+            f"{pools.ranks} ranks (TP {found.tp}) = {pools.total:.2f} GB{against}; pinned pages "
+            "cannot be reclaimed, so later load drove the node into the kernel OOM killer"
         ),
         remedy=(
             "size the host pool in absolute GB with --hicache-size (an absolute size per rank; "
             "--hicache-ratio is relative to the device KV pool, so a large device pool makes a "
             f"huge pinned host pool), or reduce --hicache-ratio{fits}"
         ),
-        evidence=evidence + kills[:2],
+        evidence=evidence + kills,
         numbers=numbers,
     )
 
@@ -188,16 +272,40 @@ LOAD_NOTE = re.compile(r"(?P<tokens>\d[\d,]*)-token\b.*?\bconcurrency (?P<concur
 NEW_SEQ = re.compile(r"#new-seq: (?P<seqs>\d+),.*?#running-req: (?P<running>\d+)")
 
 
-def host_oom_cgroup(bundle: Bundle) -> Diagnosis | None:
-    """A container's memory limit (cgroup ``memory.max``), not the node's RAM, ran out: the
-    kernel's ``Memory cgroup out of memory`` or the runtime's ``OOMKilled``. HiCache pools are
-    booked against the whole host's free memory up to 0.5.20 (§2), so they can fill a limit."""
-    facts = [line for s in bundle.snapshots() for line in s.get("kernel_log") or []]
-    facts += bundle.notes()
-    signs = [Evidence(text[:300], None, "snapshot") for text in facts if CGROUP_OOM.search(text)]
-    signs += [bundle.evidence(hit) for hit in bundle.log.find(CGROUP_OOM)]
-    if not signs:
-        return None
+@dataclass(frozen=True)
+class CgroupUsage:
+    """memory.current in bytes after start-up (``idle``: the first sample during the launch) and
+    at its peak, against memory.max (``limit``); the load at the peak: a note's token count and
+    concurrency (``load``), else the most requests the log shows at once (``concurrency``)."""
+
+    limit: float
+    idle: float
+    peak: float
+    load: re.Match[str] | None
+    concurrency: int | None
+
+
+@dataclass(frozen=True)
+class CgroupOom:
+    """A container's memory limit ran out: the signs (snapshot lines, cut to 300 characters, and
+    log lines), memory.max in bytes and the usage against it when the snapshots say, the host
+    pools inside it, and the GB per rank that keeps the observed peak under 80 % of the limit
+    (``room``, only when positive)."""
+
+    sign_lines: tuple[str, ...]
+    sign_hits: tuple[Hit, ...]
+    tp: int
+    limit: float | None
+    usage: CgroupUsage | None
+    pools: HostPools | None
+    room: int | None
+
+
+def _cgroup_samples(
+    bundle: Bundle,
+) -> tuple[float | None, list[tuple[float, Mapping[str, Any]]]]:
+    """memory.max of the last snapshot that has one (bytes), and (memory.current, snapshot) of
+    every snapshot taken during the launch."""
     limit, samples = None, []
     for snapshot in bundle.snapshots():
         cgroup = snapshot.get("cgroup_memory") or {}
@@ -207,39 +315,66 @@ def host_oom_cgroup(bundle: Bundle) -> Diagnosis | None:
             cgroup.get("current_bytes"), int | float
         ):
             samples.append((cgroup["current_bytes"], snapshot))
+    return limit, samples
+
+
+def _cgroup_usage(bundle: Bundle) -> tuple[float | None, CgroupUsage | None]:
+    limit, samples = _cgroup_samples(bundle)
+    if not samples or limit is None:
+        return limit, None
+    idle, peak = samples[0][0], max(samples, key=lambda s: s[0])
+    # The first note of the peak's snapshot says the load, if any does.
+    load = next((LOAD_NOTE.search(str(n)) for n in peak[1].get("notes") or []), None)
+    seqs = [int(m["seqs"]) + int(m["running"]) for _, m in bundle.log.find(NEW_SEQ)]
+    return limit, CgroupUsage(limit, idle, peak[0], load, max(seqs) if seqs else None)
+
+
+def _cgroup_oom(bundle: Bundle) -> CgroupOom | None:
+    texts = [line for s in bundle.snapshots() for line in s.get("kernel_log") or []]
+    texts += bundle.notes()
+    lines = [text[:300] for text in texts if CGROUP_OOM.search(text)]
+    hits = bundle.log.find(CGROUP_OOM)
+    if not (lines or hits):
+        return None
     tp = bundle.tp()
-    numbers: dict[str, float] = {"tp_size": tp}
-    parts = [f"container memory limit hit (TP {tp})"]
-    if limit is not None:
-        numbers["cgroup_limit_gib"] = round(limit / GiB, 2)
-        parts[0] += f": cgroup memory.max is {limit / GiB:.0f} GiB"
-    if samples and limit is not None:
-        idle, peak = samples[0][0], max(samples, key=lambda s: s[0])
-        numbers.update(
-            idle_usage_gib=round(idle / GiB, 2),
-            idle_fraction_of_limit=round(idle / limit, 2),
-            peak_usage_gib=round(peak[0] / GiB, 2),
-        )
-        usage = (
-            f"memory.current was {idle / GiB:.0f} GiB after start-up ({idle / limit:.2f} of the "
-            f"limit) and {peak[0] / GiB:.0f} GiB at the peak"
-        )
-        load = next((LOAD_NOTE.search(str(n)) for n in peak[1].get("notes") or []), None)
-        seqs = [int(m["seqs"]) + int(m["running"]) for _, m in bundle.log.find(NEW_SEQ)]
-        if load is not None:
-            numbers.update(
-                load_tokens=int(load["tokens"].replace(",", "")),
-                concurrency=int(load["concurrency"]),
-            )
-            usage += f" (under a {numbers['load_tokens']:g}-token load at concurrency "
-            usage += f"{load['concurrency']})"
-        elif seqs:
-            numbers["concurrency"] = max(seqs)
-            usage += f" (under load, up to {max(seqs)} requests at once)"
-        parts.append(usage)
+    limit, usage = _cgroup_usage(bundle)
     pools = _host_pools(bundle)
+    room = None
+    if pools is not None and usage is not None:
+        # What the pools may take so that the observed peak stays under 80 % of the limit.
+        other = usage.idle / 1e9 - pools.total
+        growth = (usage.peak - usage.idle) / 1e9
+        room = math.floor((0.8 * usage.limit / 1e9 - other - growth) / pools.ranks)
+    return CgroupOom(
+        tuple(lines),
+        tuple(hits),
+        tp,
+        limit,
+        usage,
+        pools,
+        room if room is not None and room > 0 else None,
+    )
+
+
+def host_oom_cgroup(bundle: Bundle) -> Diagnosis | None:
+    """A container's memory limit (cgroup ``memory.max``), not the node's RAM, ran out: the
+    kernel's ``Memory cgroup out of memory`` or the runtime's ``OOMKilled``. HiCache pools are
+    booked against the whole host's free memory up to 0.5.20 (§2), so they can fill a limit."""
+    found = _cgroup_oom(bundle)
+    return None if found is None else _cgroup_oom_diagnosis(bundle, found)
+
+
+def _cgroup_oom_diagnosis(bundle: Bundle, found: CgroupOom) -> Diagnosis:
+    numbers: dict[str, float] = {"tp_size": found.tp}
+    parts = [f"container memory limit hit (TP {found.tp})"]
+    if found.limit is not None:
+        numbers["cgroup_limit_gib"] = round(found.limit / GiB, 2)
+        parts[0] += f": cgroup memory.max is {found.limit / GiB:.0f} GiB"
+    if found.usage is not None:
+        numbers.update(_cgroup_usage_numbers(found.usage))
+        parts.append(_cgroup_usage_text(found.usage))
     secondary, fits = [], ""
-    if pools is not None:
+    if (pools := found.pools) is not None:
         secondary = ["host-oom-hicache"]
         source, figures = _host_pool_source(bundle)
         numbers.update(figures, hicache_gb_total=pools.total)
@@ -247,14 +382,12 @@ def host_oom_cgroup(bundle: Bundle) -> Diagnosis | None:
             f"{pools.ranks} ranks pin {pools.ranks} x {pools.each:.2f} GB = {pools.total:.2f} GB "
             f"of HiCache host pools ({source}) inside it"
         )
-        if samples and limit is not None:
-            # What the pools may take so that the observed peak stays under 80 % of the limit.
-            other = samples[0][0] / 1e9 - pools.total
-            growth = (max(s[0] for s in samples) - samples[0][0]) / 1e9
-            room = math.floor((0.8 * limit / 1e9 - other - growth) / pools.ranks)
-            if room > 0:
-                numbers["suggested_hicache_size_gb"] = room
-                fits = f" ({room} GB per rank here keeps the observed peak under 80 % of the limit)"
+    if found.room is not None:
+        numbers["suggested_hicache_size_gb"] = found.room
+        fits = f" ({found.room} GB per rank here keeps the observed peak under 80 % of the limit)"
+    signs = [Evidence(line, None, "snapshot") for line in found.sign_lines]
+    signs += [bundle.evidence(hit) for hit in found.sign_hits]
+    pool_lines = [bundle.evidence(h) for h in pools.hits[:2]] if pools else []
     return Diagnosis(
         category="host-oom-cgroup",
         secondary_categories=secondary,
@@ -264,6 +397,34 @@ def host_oom_cgroup(bundle: Bundle) -> Diagnosis | None:
             f"lower --hicache-ratio or set --hicache-size{fits}; or raise the container's memory "
             "limit, and keep headroom for runtime growth"
         ),
-        evidence=signs[:3] + ([bundle.evidence(h) for h in pools.hits[:2]] if pools else []),
+        evidence=signs[:3] + pool_lines,
         numbers=numbers,
     )
+
+
+def _cgroup_usage_numbers(usage: CgroupUsage) -> dict[str, float]:
+    numbers: dict[str, float] = {
+        "idle_usage_gib": round(usage.idle / GiB, 2),
+        "idle_fraction_of_limit": round(usage.idle / usage.limit, 2),
+        "peak_usage_gib": round(usage.peak / GiB, 2),
+    }
+    if usage.load is not None:
+        numbers["load_tokens"] = int(usage.load["tokens"].replace(",", ""))
+        numbers["concurrency"] = int(usage.load["concurrency"])
+    elif usage.concurrency is not None:
+        numbers["concurrency"] = usage.concurrency
+    return numbers
+
+
+def _cgroup_usage_text(usage: CgroupUsage) -> str:
+    idle, limit, peak = usage.idle, usage.limit, usage.peak
+    text = (
+        f"memory.current was {idle / GiB:.0f} GiB after start-up ({idle / limit:.2f} of the "
+        f"limit) and {peak / GiB:.0f} GiB at the peak"
+    )
+    if usage.load is not None:
+        tokens = int(usage.load["tokens"].replace(",", ""))
+        return text + f" (under a {tokens:g}-token load at concurrency {usage.load['concurrency']})"
+    if usage.concurrency is not None:
+        text += f" (under load, up to {usage.concurrency} requests at once)"
+    return text

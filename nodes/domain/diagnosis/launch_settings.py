@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
+from typing import Any
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit
 
 NOT_DIVISIBLE = re.compile(
     r"AssertionError: (?P<dim>\d+) is not divisible by (?P<tp>\d+)|Total number of attention "
@@ -99,46 +101,84 @@ HF_MISSING = re.compile(
 WORKER_IP = re.compile(r"ip=(?P<ip>\d+\.\d+\.\d+\.\d+)\)")
 
 
-def model_not_found(bundle: Bundle) -> Diagnosis | None:
-    """The model path does not resolve where a rank runs: a local path missing there is taken
-    for a Hugging Face repo id (transformers ``utils/hub.py``, §6)."""
-    hit = bundle.log.first(HF_MISSING)
-    if hit is None:
-        return None
+@dataclass(frozen=True)
+class MissingModel:
+    """A model path that did not resolve: the path (the parsed flag, else the command's word;
+    ``None`` unknown), the nodes of the launch, the worker's address line; for a multi-node
+    launch the GPUs the facts list per node (0: none) and the TP size as given."""
+
+    hit: Hit
+    path: Any
+    nodes: int
+    worker: Hit | None
+    gpus_per_node: int = 0
+    tp: Any = None
+
+
+def _model_path(bundle: Bundle) -> Any:
+    """``--model-path`` (or ``--model``) as parsed, else the word after it in the command."""
     path = bundle.flag("model_path", "model", default=None)
     if path is None:
         command = list(bundle.facts.get("command") or [])
         for flag in ("--model", "--model-path"):
             if flag in command[:-1]:
                 path = command[command.index(flag) + 1]
+    return path
+
+
+def _tp_as_given(bundle: Bundle) -> Any:
+    """The TP size as parsed, else the word after ``--tensor-parallel-size`` (vLLM)."""
+    tp = bundle.flag("tp_size", "tensor_parallel_size")
+    command = list(bundle.facts.get("command") or [])
+    if tp is None and "--tensor-parallel-size" in command[:-1]:
+        tp = command[command.index("--tensor-parallel-size") + 1]
+    return tp
+
+
+def _missing_model(bundle: Bundle) -> MissingModel | None:
+    hit = bundle.log.first(HF_MISSING)
+    if hit is None:
+        return None
+    path = _model_path(bundle)
     nodes = int(bundle.facts.get("nodes_in_launch") or 1)
-    numbers: dict[str, float] = {"nodes": nodes}
-    where = ""
     worker = bundle.log.first(WORKER_IP)
-    if nodes > 1:
-        gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
-        if gpus:
-            numbers["gpus_total"] = gpus * nodes
-        tp = bundle.flag("tp_size", "tensor_parallel_size")
-        command = list(bundle.facts.get("command") or [])
-        if tp is None and "--tensor-parallel-size" in command[:-1]:
-            tp = command[command.index("--tensor-parallel-size") + 1]
-        if str(tp).isdigit():
-            numbers["tensor_parallel_size"] = int(str(tp))
-        where = f" on the worker of a {nodes}-node launch ({numbers.get('gpus_total', '?')} GPUs"
-        where += f", tp {tp})" if tp is not None else ")"
-        if worker is not None:
-            where += f" at {worker[1]['ip']}"
+    if nodes <= 1:
+        return MissingModel(hit, path, nodes, worker)
+    gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
+    return MissingModel(hit, path, nodes, worker, gpus, _tp_as_given(bundle))
+
+
+def model_not_found(bundle: Bundle) -> Diagnosis | None:
+    """The model path does not resolve where a rank runs: a local path missing there is taken
+    for a Hugging Face repo id (transformers ``utils/hub.py``, §6)."""
+    found = _missing_model(bundle)
+    return None if found is None else _missing_model_diagnosis(bundle, found)
+
+
+def _missing_model_diagnosis(bundle: Bundle, found: MissingModel) -> Diagnosis:
+    numbers: dict[str, float] = {"nodes": found.nodes}
+    where = ""
+    if found.nodes > 1:
+        if found.gpus_per_node:
+            numbers["gpus_total"] = found.gpus_per_node * found.nodes
+        if str(found.tp).isdigit():
+            numbers["tensor_parallel_size"] = int(str(found.tp))
+        where = f" on the worker of a {found.nodes}-node launch "
+        where += f"({numbers.get('gpus_total', '?')} GPUs"
+        where += f", tp {found.tp})" if found.tp is not None else ")"
+        if found.worker is not None:
+            where += f" at {found.worker[1]['ip']}"
     return Diagnosis(
         category="model-not-found",
         summary=(
-            f"model path {path or '?'} does not resolve{where}; the missing local path was "
+            f"model path {found.path or '?'} does not resolve{where}; the missing local path was "
             "taken for a Hugging Face repo id and failed validation"
         ),
         remedy=(
             "use the same model path on every node (a shared filesystem, or copy/rsync the "
             "weights to each node); check with test -f <path>/config.json on all nodes"
         ),
-        evidence=[bundle.evidence(hit)] + ([bundle.evidence(worker)] if worker else []),
+        evidence=[bundle.evidence(found.hit)]
+        + ([bundle.evidence(found.worker)] if found.worker else []),
         numbers=numbers,
     )

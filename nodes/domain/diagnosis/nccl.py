@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, _when
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit, _when
 
 SHM_SEGMENT = re.compile(
     r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)"
@@ -94,72 +95,122 @@ def _fabric(bundle: Bundle) -> tuple[str, str, dict[str, str]] | None:
     return None
 
 
-def nccl_init_hang(bundle: Bundle) -> Diagnosis | None:
-    """Distributed init began but never ended (no ``Init torch distributed ends``, no ``Load
-    weight begin``, no Python error) and a rank was then found dead (``Rank N scheduler is
-    dead`` / ``died``, §4, §6): the ranks waited on each other until a watchdog or timeout
-    killed them. The wait is the time from the last prefixed line to the death."""
+@dataclass(frozen=True)
+class InitHang:
+    """Distributed init that began (``begin``: the last ``Init torch distributed begin``) and
+    made no progress until a rank was found dead (``died``): the exit code as logged, the nodes
+    and TP size, NCCL's own ``Init COMPLETE`` after the begin, the seconds from the last
+    prefixed line to the death, the fabric interface when it is not the default-route one
+    (``_fabric``, multi-node only), and whether SGLANG_HOST_IP is set."""
+
+    begin: Hit
+    died: Hit
+    code: str | None
+    nodes: int
+    tp: int
+    nccl: Hit | None
+    waited_s: int | None
+    fabric: tuple[str, str, dict[str, str]] | None
+    host_ip_set: bool
+
+
+def _exit_code(bundle: Bundle, died: Hit) -> str | None:
+    """The dead rank's exit code: on its line, else on an ``Exit code:`` line just after."""
+    code: str | None = died[1]["code"]
+    if code is None:
+        after = [m for n, m in bundle.log.find(EXIT_CODE) if died[0] <= n <= died[0] + 2]
+        code = after[0]["code"] if after else None
+    return code
+
+
+def _hang_seconds(bundle: Bundle, died: Hit) -> int | None:
+    """Seconds from the last line with a time before the death to the death's own time."""
+    end = _when(bundle.log.lines[died[0] - 1])
+    last = next(
+        (t for t in map(_when, reversed(bundle.log.lines[: died[0] - 1])) if t is not None), None
+    )
+    return int((end - last).total_seconds()) if end is not None and last is not None else None
+
+
+def _init_hang(bundle: Bundle) -> InitHang | None:
     begins = bundle.log.find(DIST_BEGIN)
     died = bundle.log.first(RANK_DIED)
     if not begins or died is None or died[0] < begins[-1][0]:
         return None
     if any(begins[-1][0] < n < died[0] for n, _ in bundle.log.find(DIST_PROGRESS_OR_ERROR)):
         return None
-    code = died[1]["code"]
-    if code is None:
-        after = [m for n, m in bundle.log.find(EXIT_CODE) if died[0] <= n <= died[0] + 2]
-        code = after[0]["code"] if after else None
     nodes = bundle.count("nnodes", default=max(1, int(bundle.facts.get("nodes_in_launch") or 1)))
-    tp = bundle.tp()
-    numbers: dict[str, float] = {"nnodes": nodes, "tp_size": tp}
-    what = f"a {nodes}-node launch with TP {tp}" if nodes > 1 else f"TP {tp}"
-    evidence = [bundle.evidence(begins[-1])]
     nccl = [h for h in bundle.log.find(NCCL_COMPLETE) if h[0] > begins[-1][0]]
-    done = ""
-    if nccl:
-        done = " after NCCL itself initialised"
-        evidence.append(bundle.evidence(nccl[-1]))
-    end = _when(bundle.log.lines[died[0] - 1])
-    last = next(
-        (t for t in map(_when, reversed(bundle.log.lines[: died[0] - 1])) if t is not None), None
+    env = bundle.facts.get("env") or {}
+    return InitHang(
+        begins[-1],
+        died,
+        _exit_code(bundle, died),
+        nodes,
+        bundle.tp(),
+        nccl[-1] if nccl else None,
+        _hang_seconds(bundle, died),
+        _fabric(bundle) if nodes > 1 else None,
+        bool(env.get("SGLANG_HOST_IP")),
     )
-    waited = ""
-    if end is not None and last is not None:
-        numbers["hang_seconds_until_kill"] = int((end - last).total_seconds())
-        waited = f" for {numbers['hang_seconds_until_kill']:g} s"
-    killed = f" (exit code {code})" if code is not None else ""
-    if code is not None:
-        numbers["exit_code"] = int(code)
-    evidence.append(bundle.evidence(died))
+
+
+def nccl_init_hang(bundle: Bundle) -> Diagnosis | None:
+    """Distributed init began but never ended (no ``Init torch distributed ends``, no ``Load
+    weight begin``, no Python error) and a rank was then found dead (``Rank N scheduler is
+    dead`` / ``died``, §4, §6): the ranks waited on each other until a watchdog or timeout
+    killed them. The wait is the time from the last prefixed line to the death."""
+    found = _init_hang(bundle)
+    return None if found is None else _init_hang_diagnosis(bundle, found)
+
+
+def _init_hang_diagnosis(bundle: Bundle, found: InitHang) -> Diagnosis:
+    numbers: dict[str, float] = {"nnodes": found.nodes, "tp_size": found.tp}
+    if found.waited_s is not None:
+        numbers["hang_seconds_until_kill"] = found.waited_s
+    if found.code is not None:
+        numbers["exit_code"] = int(found.code)
+    hits = (found.begin, found.nccl, found.died)
+    return Diagnosis(
+        category="nccl-init-hang",
+        summary=_init_hang_summary(found),
+        remedy=_init_hang_remedy(found),
+        evidence=[bundle.evidence(hit) for hit in hits if hit is not None],
+        numbers=numbers,
+    )
+
+
+def _init_hang_summary(found: InitHang) -> str:
+    nodes, tp = found.nodes, found.tp
+    what = f"a {nodes}-node launch with TP {tp}" if nodes > 1 else f"TP {tp}"
+    done = " after NCCL itself initialised" if found.nccl is not None else ""
+    waited = f" for {found.waited_s:g} s" if found.waited_s is not None else ""
+    killed = f" (exit code {found.code})" if found.code is not None else ""
     summary = (
         f"distributed init hung on {what}: 'Init torch distributed ends' never came{done}; the "
-        f"ranks waited{waited} until rank {died[1]['rank']} was killed{killed}"
+        f"ranks waited{waited} until rank {found.died[1]['rank']} was killed{killed}"
     )
-    env = bundle.facts.get("env") or {}
-    fabric = _fabric(bundle) if nodes > 1 else None
-    if fabric is not None:
-        name, addr, default = fabric
-        unset = "" if env.get("SGLANG_HOST_IP") else " (SGLANG_HOST_IP unset)"
-        summary += (
-            f"; --dist-init-addr {addr} is reached on {name}, but the default route is "
-            f"{default['name']} ({default['ipv4']}), the address SGLang advertises for its "
-            f"cross-node message queue{unset}"
-        )
-        remedy = (
-            "set SGLANG_HOST_IP to each node's fabric IP (set fabric IP per node: "
-            f"{addr} on {name} here), and NCCL_SOCKET_IFNAME={name} / GLOO_SOCKET_IFNAME={name} "
-            "on every node; the interface must be in the same subnet as dist-init-addr"
-        )
-    else:
-        remedy = (
+    if found.fabric is None:
+        return summary
+    name, addr, default = found.fabric
+    unset = "" if found.host_ip_set else " (SGLANG_HOST_IP unset)"
+    return summary + (
+        f"; --dist-init-addr {addr} is reached on {name}, but the default route is "
+        f"{default['name']} ({default['ipv4']}), the address SGLang advertises for its "
+        f"cross-node message queue{unset}"
+    )
+
+
+def _init_hang_remedy(found: InitHang) -> str:
+    if found.fabric is None:
+        return (
             "check that every node reaches --dist-init-addr on one interface: set "
             "NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME to it and SGLANG_HOST_IP to each node's "
             "address on it (same subnet as dist-init-addr); NCCL_DEBUG=INFO shows where it stops"
         )
-    return Diagnosis(
-        category="nccl-init-hang",
-        summary=summary,
-        remedy=remedy,
-        evidence=evidence,
-        numbers=numbers,
+    name, addr, _ = found.fabric
+    return (
+        "set SGLANG_HOST_IP to each node's fabric IP (set fabric IP per node: "
+        f"{addr} on {name} here), and NCCL_SOCKET_IFNAME={name} / GLOO_SOCKET_IFNAME={name} "
+        "on every node; the interface must be in the same subnet as dist-init-addr"
     )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
+from typing import Any
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Hit
 from nodes.domain.diagnosis.host_pools import _hicache_risk
 
 PORT_WAIT = re.compile(
@@ -78,43 +80,66 @@ BIND_IN_USE = re.compile(
 ZMQ_TCP_PORT_DELTA = 233
 
 
-def port_bind_in_use(bundle: Bundle) -> Diagnosis | None:
-    """A bind failed with ``Address already in use``: a ZMQ socket of SGLang (its ports are
-    derived from ``--port``, §1b) or the HTTP server (uvicorn, §6). Co-located servers whose
-    ``--port`` values are close claim overlapping derived blocks."""
+@dataclass(frozen=True)
+class BindInUse:
+    """A bind that found its address in use: ``zmq`` (else the HTTP server), the address and
+    port it names (0: none named), the command's ``--port`` (``base``, as set), and the port's
+    offset from it when it lies in the block SGLang derives from ``--port``."""
+
+    hit: Hit
+    zmq: bool
+    where: str | None
+    port: int
+    base: Any
+    offset: int | None
+
+
+def _bind_in_use(bundle: Bundle) -> BindInUse | None:
     hit = bundle.log.first(BIND_IN_USE)
     if hit is None:
         return None
     match = hit[1]
-    where = match["addr"] or match["host"]
     port = int(match["port"] or match["port2"] or 0)
     base = bundle.setting("port")
-    numbers: dict[str, float] = {"colliding_port": port} if port else {}
-    what = f"{'ZMQ' if 'ZMQ' in match[0] else 'HTTP'} bind to {where or '?'}:{port or '?'}"
-    derived = ""
+    offset = None
     if port and isinstance(base, int) and 0 < port - base < 1000:
-        numbers.update(port=base, offset_from_port=port - base)
+        offset = port - base
+    return BindInUse(hit, "ZMQ" in match[0], match["addr"] or match["host"], port, base, offset)
+
+
+def port_bind_in_use(bundle: Bundle) -> Diagnosis | None:
+    """A bind failed with ``Address already in use``: a ZMQ socket of SGLang (its ports are
+    derived from ``--port``, §1b) or the HTTP server (uvicorn, §6). Co-located servers whose
+    ``--port`` values are close claim overlapping derived blocks."""
+    found = _bind_in_use(bundle)
+    return None if found is None else _bind_in_use_diagnosis(bundle, found)
+
+
+def _bind_in_use_diagnosis(bundle: Bundle, found: BindInUse) -> Diagnosis:
+    port, base = found.port, found.base
+    numbers: dict[str, float] = {"colliding_port": port} if port else {}
+    derived = ""
+    if found.offset is not None:
+        numbers.update(port=base, offset_from_port=found.offset)
         derived = (
-            f"; {port} = --port {base} + {port - base}, inside the block SGLang derives from "
+            f"; {port} = --port {base} + {found.offset}, inside the block SGLang derives from "
             f"--port (ZMQ/NCCL/metrics ports; TCP from --port + {ZMQ_TCP_PORT_DELTA} with DP "
             "attention), which a co-located server with a nearby --port overlaps"
         )
     holder, held, evidence, secondary = _port_holder(bundle, port) if port else ("", {}, [], [])
     numbers.update(held)
-    behind = ""
-    risk = _hicache_risk(bundle)
-    if risk is not None:
+    behind = hicache = ""
+    if (risk := _hicache_risk(bundle)) is not None:
         text, figures, pool_lines = risk
         numbers.update(figures)
         secondary = secondary + ["host-oom-hicache"]
         behind = f"; behind it, {text}"
         evidence += pool_lines
-    hicache = ""
-    if risk is not None:
         hicache = (
             "; set --hicache-size to an absolute GB per rank (it overrides --hicache-ratio) so the "
             "pinned host pools of all co-located servers fit the host"
         )
+    what = f"{'ZMQ' if found.zmq else 'HTTP'} bind to {found.where or '?'}:{port or '?'}"
     spaced = f" (e.g. ports {base}/{base + 1000})" if isinstance(base, int) else ""
     return Diagnosis(
         category="port-in-use",
@@ -124,6 +149,6 @@ def port_bind_in_use(bundle: Bundle) -> Diagnosis | None:
             f"space --port of co-located servers at least 1000 apart{spaced} and give each its "
             f"own kv-events/metrics ports, or stop the process holding the port{hicache}"
         ),
-        evidence=[bundle.evidence(hit), *evidence],
+        evidence=[bundle.evidence(found.hit), *evidence],
         numbers=numbers,
     )

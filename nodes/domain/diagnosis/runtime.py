@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Hit
 from nodes.domain.diagnosis.host_memory import NODE_OOM_KILL
 
 # SGLang's ready line (§5) and vLLM's (uvicorn's) end of start-up.
@@ -27,11 +28,31 @@ RANK_GONE = re.compile(
 HEALTH_FAILED = re.compile(r"health check failed (?P<times>\d+) times in a row: (?P<why>.+)")
 
 
-def served_then_failed(bundle: Bundle) -> Diagnosis | None:
-    """The server reached ready, then stopped serving: a NCCL collective timed out (the
-    watchdog aborts every rank), a TP rank died (SGLang ≤ 0.5.9 has no liveness watchdog, so
-    the HTTP server keeps answering while ``/health`` says 503, §4–5), or ``/health`` kept
-    failing. Memory causes (host pools pinned, a cgroup limit) are earlier rules."""
+@dataclass(frozen=True)
+class Watchdog:
+    """NCCL's watchdog line: the collective ran ``ran_s`` seconds past ``timeout_s``."""
+
+    hit: Hit
+    ran_s: float
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class StoppedServing:
+    """After the ready line (``ready``): the first NCCL watchdog timeout, the first TP rank the
+    log says died, a scheduler process a snapshot note says died (``died``), the panel's note
+    of failed health checks, and the kernel's OOM kills in the snapshots."""
+
+    ready: Hit
+    tp: int
+    watchdog: Watchdog | None
+    gone: Hit | None
+    died: re.Match[str] | None
+    health: re.Match[str] | None
+    kills: tuple[Evidence, ...]
+
+
+def _stopped_serving(bundle: Bundle) -> StoppedServing | None:
     ready = bundle.log.first(SERVED)
     if ready is None:
         return None
@@ -42,56 +63,97 @@ def served_then_failed(bundle: Bundle) -> Diagnosis | None:
     health = next((m for m in map(HEALTH_FAILED.search, notes) if m), None)
     if not (after or gone or died or health):
         return None
-    evidence = [bundle.evidence(ready)]
-    numbers: dict[str, float] = {"tp_size": bundle.tp(), "ready_line": ready[0]}
+    watchdog = None
     if after:
         hit = after[0]
-        ran_s, timeout_s = int(hit[1]["ran"]) / 1000, int(hit[1]["timeout"]) / 1000
-        numbers.update(nccl_timeout_s=timeout_s, nccl_ran_s=round(ran_s, 1))
-        evidence.append(bundle.evidence(hit))
-        summary = (
-            f"the server was ready (line {ready[0]}), then a NCCL {hit[1]['op']} collective "
-            f"(SeqNum {hit[1]['seq']}) ran {ran_s:.0f} s past its {timeout_s:.0f} s timeout "
-            "and the watchdog aborted the ranks: one rank stalled or the GPU interconnect failed"
-        )
-        remedy = (
+        watchdog = Watchdog(hit, int(hit[1]["ran"]) / 1000, int(hit[1]["timeout"]) / 1000)
+    first_gone = gone[0] if gone else None
+    return StoppedServing(
+        ready, bundle.tp(), watchdog, first_gone, died, health, tuple(_oom_kills(bundle))
+    )
+
+
+def served_then_failed(bundle: Bundle) -> Diagnosis | None:
+    """The server reached ready, then stopped serving: a NCCL collective timed out (the
+    watchdog aborts every rank), a TP rank died (SGLang ≤ 0.5.9 has no liveness watchdog, so
+    the HTTP server keeps answering while ``/health`` says 503, §4–5), or ``/health`` kept
+    failing. Memory causes (host pools pinned, a cgroup limit) are earlier rules."""
+    found = _stopped_serving(bundle)
+    if found is None:
+        return None
+    if found.watchdog is not None:
+        return _watchdog_diagnosis(bundle, found.ready, found.tp, found.watchdog)
+    return _stopped_diagnosis(bundle, found)
+
+
+def _watchdog_diagnosis(bundle: Bundle, ready: Hit, tp: int, watchdog: Watchdog) -> Diagnosis:
+    match = watchdog.hit[1]
+    return Diagnosis(
+        category="health-check-failure",
+        summary=(
+            f"the server was ready (line {ready[0]}), then a NCCL {match['op']} collective "
+            f"(SeqNum {match['seq']}) ran {watchdog.ran_s:.0f} s past its "
+            f"{watchdog.timeout_s:.0f} s timeout and the watchdog aborted the ranks: one rank "
+            "stalled or the GPU interconnect failed"
+        ),
+        remedy=(
             "restart the launch; look for the stalled rank or a failing link (dmesg for Xid "
             "errors, nvidia-smi -q for ECC/NVLink errors, NCCL_DEBUG=INFO), and raise "
             "--dist-timeout only if a rank is legitimately slow"
-        )
-    else:
-        what, kills = "", _oom_kills(bundle)
-        if died is not None:
-            what = f"{died['title']} (PID {died['pid']}) died while serving"
-            numbers["dead_pid"] = int(died["pid"])
-            evidence.append(Evidence(died.group(0), None, "snapshot"))
-        elif gone:
-            what = f"TP rank {gone[0][1]['rank']} died while serving"
-            evidence.append(bundle.evidence(gone[0]))
-        if kills:
-            what = (what or "a rank was killed") + " — the kernel's OOM killer (host RAM)"
-            evidence += kills[:2]
-        if health is not None:
-            numbers["health_failures"] = int(health["times"])
-            evidence.append(Evidence(health.group(0), None, "snapshot"))
-            answered = f"/health failed {health['times']} times in a row ({health['why']})"
-            what = f"{what}; {answered}" if what else answered
-        summary = f"the server was ready (line {ready[0]}), then stopped serving: {what}"
-        if died is not None or gone:
-            summary += "; the HTTP server may still answer while the dead rank's work never ends"
-        remedy = (
+        ),
+        evidence=[bundle.evidence(ready), bundle.evidence(watchdog.hit)],
+        numbers={
+            "tp_size": tp,
+            "ready_line": ready[0],
+            "nccl_timeout_s": watchdog.timeout_s,
+            "nccl_ran_s": round(watchdog.ran_s, 1),
+        },
+    )
+
+
+def _stopped_diagnosis(bundle: Bundle, found: StoppedServing) -> Diagnosis:
+    numbers: dict[str, float] = {"tp_size": found.tp, "ready_line": found.ready[0]}
+    evidence = [bundle.evidence(found.ready)]
+    if found.died is not None:
+        numbers["dead_pid"] = int(found.died["pid"])
+        evidence.append(Evidence(found.died.group(0), None, "snapshot"))
+    elif found.gone is not None:
+        evidence.append(bundle.evidence(found.gone))
+    evidence += found.kills[:2]
+    if found.health is not None:
+        numbers["health_failures"] = int(found.health["times"])
+        evidence.append(Evidence(found.health.group(0), None, "snapshot"))
+    summary = f"the server was ready (line {found.ready[0]}), then stopped serving: "
+    summary += _stopped_what(found)
+    if found.died is not None or found.gone is not None:
+        summary += "; the HTTP server may still answer while the dead rank's work never ends"
+    return Diagnosis(
+        category="health-check-failure",
+        summary=summary,
+        remedy=(
             "restart the launch (stop it first so every rank's memory comes back); if the "
             "kernel OOM-killed the rank, give the node more free host RAM or a smaller host pool "
             "(--hicache-size); otherwise find who killed it (dmesg, an operator, the scheduler of "
             "the cluster) and, for a stuck scheduler, take a py-spy dump before stopping"
-        )
-    return Diagnosis(
-        category="health-check-failure",
-        summary=summary,
-        remedy=remedy,
+        ),
         evidence=evidence,
         numbers=numbers,
     )
+
+
+def _stopped_what(found: StoppedServing) -> str:
+    """What stopped the server: the dead process or rank, the OOM killer, the health checks."""
+    what = ""
+    if found.died is not None:
+        what = f"{found.died['title']} (PID {found.died['pid']}) died while serving"
+    elif found.gone is not None:
+        what = f"TP rank {found.gone[1]['rank']} died while serving"
+    if found.kills:
+        what = (what or "a rank was killed") + " — the kernel's OOM killer (host RAM)"
+    if found.health is not None:
+        answered = f"/health failed {found.health['times']} times in a row ({found.health['why']})"
+        what = f"{what}; {answered}" if what else answered
+    return what
 
 
 def _oom_kills(bundle: Bundle) -> list[Evidence]:

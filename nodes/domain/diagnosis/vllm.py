@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, GiB, _fmt, _num
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, GiB, Hit, _fmt, _num
 from nodes.domain.geometry import GeometryError, from_config, kv_bytes_per_token, kv_elem_bytes
 
 VLLM_FREE = re.compile(
@@ -60,52 +61,94 @@ KV_TOO_SMALL = re.compile(
 GPU_BLOCKS = re.compile(r"# GPU blocks: (?P<blocks>\d+)")
 
 
-def kv_cache_too_small(bundle: Bundle) -> Diagnosis | None:
-    """vLLM: the KV cache holds fewer tokens than one request of the maximum length needs."""
+@dataclass(frozen=True)
+class GpuBlocks:
+    """vLLM's ``# GPU blocks`` line: how many blocks, and the tokens each holds."""
+
+    hit: Hit
+    count: int
+    size: int
+
+
+@dataclass(frozen=True)
+class KvTooSmall:
+    """vLLM's KV cache holds ``have`` tokens, one request of the maximum length needs ``need``:
+    with the GPU blocks when logged and the KV bytes per token on one GPU when the model's
+    config gives them."""
+
+    hit: Hit
+    need: int
+    have: int
+    blocks: GpuBlocks | None
+    per_token: int | None
+
+    @property
+    def suggested(self) -> int:
+        """A little below the capacity (2 %), in round hundreds: one full-length request must
+        fit."""
+        return int(round(self.have * 0.98, -2))
+
+
+def _kv_per_token(bundle: Bundle) -> int | None:
+    """KV bytes per token on one GPU (TP 1, the model's dtype) from the model's config."""
+    config = bundle.facts.get("model_config")
+    if not isinstance(config, dict):
+        return None
+    try:
+        geometry = from_config(config)
+    except GeometryError:
+        return None
+    return kv_bytes_per_token(geometry, 1, 1, kv_elem_bytes("auto", geometry.torch_dtype))
+
+
+def _kv_too_small(bundle: Bundle) -> KvTooSmall | None:
     hit = bundle.log.first(KV_TOO_SMALL)
     if hit is None:
         return None
     need, have = int(hit[1]["need"]), int(hit[1]["have"])
+    blocks = None
+    if (line := bundle.log.first(GPU_BLOCKS)) is not None:
+        count = int(line[1]["blocks"])
+        blocks = GpuBlocks(line, count, have // max(1, count))
+    return KvTooSmall(hit, need, have, blocks, _kv_per_token(bundle))
+
+
+def kv_cache_too_small(bundle: Bundle) -> Diagnosis | None:
+    """vLLM: the KV cache holds fewer tokens than one request of the maximum length needs."""
+    found = _kv_too_small(bundle)
+    return None if found is None else _kv_too_small_diagnosis(bundle, found)
+
+
+def _kv_too_small_diagnosis(bundle: Bundle, found: KvTooSmall) -> Diagnosis:
+    need, have, per_token = found.need, found.have, found.per_token
     numbers: dict[str, float] = {"max_model_len": need, "kv_capacity_tokens": have}
-    evidence = [bundle.evidence(hit)]
-    blocks = bundle.log.first(GPU_BLOCKS)
-    if blocks is not None:
-        numbers["gpu_blocks"] = int(blocks[1]["blocks"])
-        numbers["block_size"] = have // max(1, int(blocks[1]["blocks"]))
-        evidence.append(bundle.evidence(blocks))
+    evidence = [bundle.evidence(found.hit)]
+    if (blocks := found.blocks) is not None:
+        numbers["gpu_blocks"] = blocks.count
+        numbers["block_size"] = blocks.size
+        evidence.append(bundle.evidence(blocks.hit))
     sizes = ""
-    config = bundle.facts.get("model_config")
-    if isinstance(config, dict):
-        try:
-            geometry = from_config(config)
-        except GeometryError:
-            geometry = None
-        if geometry is not None:
-            per_token = kv_bytes_per_token(
-                geometry, 1, 1, kv_elem_bytes("auto", geometry.torch_dtype)
-            )
-            numbers["kv_bytes_per_token"] = per_token
-            numbers["kv_capacity_gib"] = round(have * per_token / GiB, 2)
-            numbers["kv_needed_gib_for_max_len"] = round(need * per_token / GiB, 2)
-            sizes = (
-                f" ({have * per_token / GiB:.2f} GiB at {per_token} bytes = "
-                f"{per_token / 2**20:g} MiB/token), but max_model_len {need} needs "
-                f"{need * per_token / GiB:.1f} GiB"
-            )
-    # A little below the capacity (2 %), in round hundreds: one full-length request must fit.
-    suggested = int(round(have * 0.98, -2))
-    numbers["suggested_max_model_len"] = suggested
-    if "gpu_blocks" in numbers:
-        sizes = f" in {numbers['gpu_blocks']:g} GPU blocks of {numbers['block_size']:g}" + sizes
+    if per_token is not None:
+        numbers["kv_bytes_per_token"] = per_token
+        numbers["kv_capacity_gib"] = round(have * per_token / GiB, 2)
+        numbers["kv_needed_gib_for_max_len"] = round(need * per_token / GiB, 2)
+        sizes = (
+            f" ({have * per_token / GiB:.2f} GiB at {per_token} bytes = "
+            f"{per_token / 2**20:g} MiB/token), but max_model_len {need} needs "
+            f"{need * per_token / GiB:.1f} GiB"
+        )
+    numbers["suggested_max_model_len"] = found.suggested
+    if blocks is not None:
+        sizes = f" in {blocks.count:g} GPU blocks of {blocks.size:g}" + sizes
     return Diagnosis(
         category="gpu-oom-kv-cache",
         summary=(
             f"KV cache too small for the context length: room for {have} tokens{sizes}"
             + ("" if "needs" in sizes else f" but max_model_len is {need}")
-            + f"; --max-model-len {suggested} fits"
+            + f"; --max-model-len {found.suggested} fits"
         ),
         remedy=(
-            f"decrease max_model_len (--max-model-len {suggested}), or increase "
+            f"decrease max_model_len (--max-model-len {found.suggested}), or increase "
             "--gpu-memory-utilization, use more GPUs (tensor parallel) or an fp8 kv cache"
         ),
         evidence=evidence,

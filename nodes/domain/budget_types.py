@@ -1,0 +1,81 @@
+"""What the memory budget reads and returns: a node's memory (``NodeMemory``), figures SGLang
+logged (``Observed``), and the report with its messages (``BudgetReport``). All sizes are bytes.
+
+The budget itself is ``nodes.domain.budget.check``; this module holds no arithmetic, so that
+the parts of the budget in modules of their own can share these types without importing
+``budget``. Import them from ``nodes.domain.budget``, which re-exports them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class NodeMemory:
+    """A node as the budget sees it. ``gpu_used_bytes`` is what other processes hold now."""
+
+    gpu_memory_bytes: tuple[int, ...]
+    host_ram_bytes: int | None
+    mem_available_bytes: int | None = None
+    cgroup_limit_bytes: int | None = None
+    gpu_used_bytes: tuple[int, ...] | None = None
+    gpu_names: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Figures SGLang logged for this model on this GPU class, replacing the estimates.
+
+    ``free_before_load_bytes``: ``Load weight begin. avail mem=`` (the minimum over the GPUs);
+    ``weights_per_rank_bytes``: ``Load weight end. … mem usage=``. ``label`` says where they
+    came from ("observed", or "calibrated from launch #12 on node-b"); ``kind`` is
+    ``observed`` or ``calibrated``.
+    """
+
+    free_before_load_bytes: int | None = None
+    weights_per_rank_bytes: int | None = None
+    label: str = "observed"
+    kind: str = "observed"
+
+
+@dataclass(frozen=True)
+class Message:
+    """``level`` is ``info``, ``warn`` or ``block``; ``code`` a stable identifier."""
+
+    level: str
+    code: str
+    text: str
+
+
+@dataclass
+class BudgetReport:
+    """The verdict (``ok``, ``warn``, ``block``), every line of the arithmetic, and the fix."""
+
+    verdict: str = "ok"
+    lines: list[str] = field(default_factory=list)
+    messages: list[Message] = field(default_factory=list)
+    ranks_per_node: int | None = None
+    device_kv_tokens_per_rank: int | None = None
+    device_kv_bytes_per_rank: int | None = None
+    host_pool_bytes_per_rank: int | None = None
+    host_pool_bytes_per_node: int | None = None
+    host_budget_bytes: int | None = None
+    suggestion: dict[str, Any] | None = None
+    weights_bytes_per_rank: int | None = None
+    free_before_load_bytes: int | None = None
+    #: Where the two figures came from: ``source`` (observed, calibrated, estimate, partly
+    #: observed), ``label`` in words, and ``free_before_load``/``weights`` each.
+    calibration: dict[str, str] = field(default_factory=dict)
+
+    def add(self, level: str, code: str, text: str) -> None:
+        self.messages.append(Message(level, code, text))
+        rank = {"ok": 0, "info": 0, "warn": 1, "block": 2}
+        if rank[level] > rank[self.verdict]:
+            self.verdict = level
+
+    def to_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["messages"] = [asdict(m) for m in self.messages]
+        return doc
