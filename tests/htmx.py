@@ -24,7 +24,7 @@ def follow(client: Any, url: str, marker: str, *, timeout: float = 90, **params:
         poll = POLLER.search(text)
         assert poll, f"{url}: no {marker!r} and nothing polling:\n{text[-2000:]}"
         assert time.monotonic() < deadline, f"{url}: no {marker!r} within {timeout:g} s"
-        time.sleep(0.5)  # the poller's own delay
+        time.sleep(0.25)  # the poller's own delay
         response = client.get(html.unescape(poll.group(1)), headers={"HX-Request": "true"})
 
 
@@ -39,4 +39,4 @@ def post_until_read(client: Any, url: str, data: dict[str, Any], *, timeout: flo
         if 'class="progress model-reading"' not in text:
             return text
         assert time.monotonic() < deadline, f"the model was not read within {timeout:g} s"
-        time.sleep(1.0)  # the panel's own delay
+        time.sleep(0.4)  # the panel's own delay

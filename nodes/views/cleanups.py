@@ -22,8 +22,8 @@ from nodes.services import holders, teams
 from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
 from nodes.workflows import cleanup
 
-#: Polls of a holders reading before the page says no worker answered (half a second apart).
-READING_POLLS = 120
+#: Polls of a holders reading before the page says no worker answered (a quarter second apart).
+READING_POLLS = 240
 
 
 @require_GET
