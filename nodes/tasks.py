@@ -60,7 +60,7 @@ def read_holders(node_id: int, launch_id: int | None = None) -> dict[str, Any]:
     node = Node.objects.select_related("credential").get(pk=node_id)
     launch = Launch.objects.filter(pk=launch_id, node=node).first() if launch_id else None
     try:
-        return holders.reading_json(node, holders.inspect(node, launch=launch))
+        return holders.reading_json(node, holders.inspect(node, launch=launch), launch)
     except ssh.RemoteError as exc:
         return {"node": node_id, "error": exc.message}
 

@@ -70,17 +70,26 @@ def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
 _READING = TypeAdapter(Inspection)
 
 
-def reading_json(node: Node, inspection: Inspection) -> dict[str, Any]:
-    """A reading as JSON for the task's result (``{"node": id, "inspection": …}``), whole: the
-    page that shows it masks it for its viewer."""
-    return {"node": node.pk, "inspection": _READING.dump_python(inspection, mode="json")}
+def reading_json(
+    node: Node, inspection: Inspection, launch: Launch | None = None
+) -> dict[str, Any]:
+    """A reading as JSON for the task's result (``{"node": id, "launch": id or None,
+    "inspection": …}``), whole: the page that shows it masks it for its viewer."""
+    return {
+        "node": node.pk,
+        "launch": launch.pk if launch is not None else None,
+        "inspection": _READING.dump_python(inspection, mode="json"),
+    }
 
 
-def reading_from_json(doc: Any, node: Node) -> Inspection | None:
-    """The ``Inspection`` a task answered for ``node``, or None when ``doc`` is not one (another
-    node's, another task's, or an error's). Each GPU's holders are the same objects as the
+def reading_from_json(doc: Any, node: Node, launch: Launch | None = None) -> Inspection | None:
+    """The ``Inspection`` a task answered for ``node`` (and ``launch``: its host memory is read
+    against that launch's), or None when ``doc`` is not one (another node's or launch's,
+    another task's, or an error's). Each GPU's holders are the same objects as the
     reading's own holders, so masking them once masks them everywhere."""
     if not isinstance(doc, dict) or doc.get("node") != node.pk or "inspection" not in doc:
+        return None
+    if doc.get("launch") != (launch.pk if launch is not None else None):
         return None
     try:
         found = _READING.validate_python(doc["inspection"])

@@ -57,9 +57,9 @@ def _reading(request: HtmxHttpRequest, node: Node, launch: Launch | None) -> dic
     doc = state.result if isinstance(state.result, dict) else {}
     if doc.get("node") == node.pk and doc.get("error"):
         return {**context, "error": doc["error"]}
-    inspection = holders.reading_from_json(state.result, node)
+    inspection = holders.reading_from_json(state.result, node, launch)
     if inspection is None:
-        return {**context, "error": state.error or "that reading is not of this node: reload"}
+        return {**context, "error": state.error or "that reading is not of this page: reload it"}
     teams.mask_holders(request.user, inspection.holders)
     return {**context, "inspection": inspection}
 
