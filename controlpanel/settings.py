@@ -204,7 +204,12 @@ RANKWISE_MEMORY_SAMPLE_SECONDS = env_int("RANKWISE_MEMORY_SAMPLE_SECONDS", 2)
 # How long saving a profile waits for a worker to read its model on the node (pages that only
 # show the budget never wait: they poll).
 RANKWISE_MODEL_READ_WAIT_SECONDS = env_int("RANKWISE_MODEL_READ_WAIT_SECONDS", 30)
-CELERY_TASK_ROUTES = {"nodes.follow_launch": {"queue": "streams"}}
+# Long-lived followers and the pages' short readings of a node run on the thread-pool worker:
+# they wait on SSH, and must not take the slots that starts, stops and cleanups need.
+CELERY_TASK_ROUTES = {
+    name: {"queue": "streams"}
+    for name in ("nodes.follow_launch", "nodes.read_model", "nodes.read_holders")
+}
 CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
     "heartbeat": {"task": "nodes.heartbeat", "schedule": float(RANKWISE_HEARTBEAT_SECONDS)},
     "reconcile-launches": {

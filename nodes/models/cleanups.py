@@ -27,6 +27,9 @@ class Cleanup(models.Model):
     foreign_pids = models.JSONField(
         default=list, blank=True, help_text="Other holders the operator confirmed by PID."
     )
+    # PID → start time (clock ticks after boot) of each confirmed holder, as the page the
+    # operator ticked them on read them: a PID reused by another process since is not killed.
+    foreign_starts = models.JSONField(default=dict, blank=True)
     requested_by = models.CharField(max_length=150)
     status = models.CharField(max_length=8, choices=Status, default=Status.RUNNING)
     message = models.TextField(blank=True)

@@ -21,6 +21,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from nodes import ssh
 from nodes.domain.probe_parse import NodeFacts, ProbeError, parse_probe
+from nodes.domain.redact import mask_assignments
 
 AGENT = (Path(__file__).resolve().parent / "agent.py").read_text()
 #: A process as the agent reads it from /proc (``pid``, ``ppid``, ``state``, ``pgid``, ``sid``,
@@ -163,10 +164,24 @@ class GpuReset:
     output: str
 
 
+def _masked(doc: Any) -> Any:
+    """``doc`` with the secrets a process's command line spells out masked (``--api-key …``,
+    ``PASSWORD=…``, URL passwords): command lines of every process on a node (another user's
+    included) are shown on pages, in cleanups and in bundles."""
+    if isinstance(doc, dict):
+        return {
+            k: mask_assignments(v) if k == "command" and isinstance(v, str) else _masked(v)
+            for k, v in doc.items()
+        }
+    if isinstance(doc, list):
+        return [_masked(v) for v in doc]
+    return doc
+
+
 def _answer(kind: type[T], text: str, what: str) -> T:
     """The last line of ``text`` read as ``kind``; ``RemoteError`` when it cannot be."""
     try:
-        doc = json.loads(text.strip().splitlines()[-1])
+        doc = _masked(json.loads(text.strip().splitlines()[-1]))
         return TypeAdapter(kind).validate_python(doc)
     except (ValueError, IndexError, ValidationError) as exc:
         detail = str(exc).splitlines()[0][:200] if str(exc) else "no answer"

@@ -27,6 +27,7 @@ from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_va
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch
+from nodes.services import teams
 from nodes.services.launch_flags import args_of
 
 MAX_LOG_BYTES = 256 * 2**20
@@ -73,7 +74,9 @@ def facts_of(launch: Launch) -> dict[str, object]:
         snapshots.append(after)
     cleaned = launch.cleanups.exclude(result=None).order_by("-created").first()
     if cleaned is not None:
-        snapshots.append(cleanup_snapshot(cleaned.result or {}, cleaned.message))
+        snapshots.append(
+            cleanup_snapshot(cleaned.result or {}, cleaned.message, _others_hidden(launch, cleaned))
+        )
     return launch_facts(
         engine_version=node.sglang_version or launch.revision.sglang_version or None,
         node={
@@ -106,8 +109,11 @@ def facts_of(launch: Launch) -> dict[str, object]:
     )
 
 
-def cleanup_snapshot(result: dict[str, Any], message: str) -> dict[str, Any]:
-    """A cleanup's final reading as the bundle's ``after_cleanup`` snapshot."""
+def cleanup_snapshot(
+    result: dict[str, Any], message: str, hidden: set[int] | frozenset[int] = frozenset()
+) -> dict[str, Any]:
+    """A cleanup's final reading as the bundle's ``after_cleanup`` snapshot; a holder of a
+    launch in ``hidden`` (another team's team-only launch) is said to be one, nothing more."""
     host = result.get("host") or {}
     gpus = result.get("gpus") or []
     return {
@@ -118,12 +124,31 @@ def cleanup_snapshot(result: dict[str, Any], message: str) -> dict[str, Any]:
         },
         "gpus": [{"index": g["index"], "memory_used_bytes": g["memory_used_bytes"]} for g in gpus],
         "gpu_processes": [
-            {"gpu_index": g["index"], "pid": h["pid"], "name": h["command"]}
+            {
+                "gpu_index": g["index"],
+                "pid": h["pid"],
+                "name": "a team-only launch's process"
+                if h.get("launch_id") in hidden
+                else h["command"],
+            }
             for g in gpus
             for h in g.get("holders") or []
         ],
         "notes": [f"cleanup: {message}"] if message else [],
     }
+
+
+def _others_hidden(launch: Launch, cleaned: Any) -> set[int]:
+    """Team-only launches, other than ``launch``, whose processes the cleanup found: anyone
+    who may see ``launch`` may download its bundle, so they are not described there."""
+    ids = {
+        h.get("launch_id")
+        for g in (cleaned.result or {}).get("gpus") or []
+        for h in g.get("holders") or []
+    }
+    ids.discard(None)
+    ids.discard(launch.pk)
+    return set(teams.team_only_launches().filter(pk__in=ids).values_list("pk", flat=True))
 
 
 def launch_bundle(launch: Launch) -> bytes:

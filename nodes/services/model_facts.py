@@ -13,6 +13,7 @@ headers are read again only when the stamp changed.
 from __future__ import annotations
 
 import json
+import posixpath
 import time
 from dataclasses import dataclass, replace
 from datetime import timedelta
@@ -36,6 +37,8 @@ ERROR_TTL_S = 30  # a folder that could not be read is asked again soon: it may 
 #: A read queued this long ago without an answer (its worker died) is queued again.
 REQUEST_STALE_S = 60
 POLL_S = 0.2
+PATH_MAX = 1024  # ModelReading.model_path's width, as the profile form bounds it
+HUB = "SGLang looks it up on the Hugging Face Hub"
 #: What each agent problem means, said of ``{path}`` on ``{node}``.
 PROBE_PROBLEMS = {
     "no-folder": "no model folder at {path} on {node}",
@@ -80,6 +83,14 @@ def model_facts(
         return ModelFacts(None, None, "not read (the node's host key is not trusted yet)")
     if not read_node:
         return ModelFacts(None, None, NOT_READ_FOR_VIEWERS)
+    if not model_path.startswith("/"):
+        return ModelFacts(None, None, f"not read: {model_path[:200]} is not a local path ({HUB})")
+    if len(model_path) > PATH_MAX:
+        return ModelFacts(
+            None, None, f"not read: the model path is longer than {PATH_MAX:,} characters"
+        )
+    # One reading per folder: /srv/models/x/. and /srv/models/x are the same folder.
+    model_path = posixpath.normpath(model_path)
     if node.status == NodeStatus.HOST_KEY_CHANGED:
         # Not even a stored reading: what the node holds now cannot be known safely.
         why = node.status_reason or "its host key changed"

@@ -40,7 +40,8 @@ def _reading(request: HtmxHttpRequest, node: Node, launch: Launch | None) -> dic
     """The page's context for the node's holders: the reading named by ``reading`` once a
     worker made it (masked for this user), else a reading queued now, for the page to poll."""
     asked = request.GET.get("reading") or request.POST.get("reading") or ""
-    tries = int(t) if (t := request.GET.get("tries", "")).isdigit() else 0
+    text = request.GET.get("tries", "")
+    tries = int(text) if re.fullmatch(r"[0-9]{1,4}", text) else 0
     context: dict[str, Any] = {"node": node, "launch": launch, "tries": tries + 1}
     if not node.host_key:  # nothing is run on a node nobody trusted
         return {**context, "error": f"{node.name}'s host key is not trusted yet"}
@@ -109,6 +110,11 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
                 launch=launch,
                 gpus=data["gpus"],
                 foreign_pids=data.get("foreign") or [],
+                foreign_starts={
+                    h.pid: h.start
+                    for h in _others(inspection, launch)
+                    if h.pid in (data.get("foreign") or [])
+                },
             )
         except cleanup.CleanupError as exc:
             form.add_error(None, str(exc))
@@ -119,8 +125,10 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 
 
 def _others(inspection: holders.Inspection, launch: Launch | None) -> list[Holder]:
-    """Holders the form may offer to kill: live, on a GPU, not the launch's own, and not
-    another team's team-only launch's (ended by its team or an admin, not offered here)."""
+    """Holders the form may offer to kill: live, on a GPU, not the launch's own, not another
+    team's team-only launch's (ended by its team or an admin, not offered here), and not a
+    running launch's (it is stopped, not cleaned up)."""
+    running = set(cleanup.running_launches(h.launch_id for h in inspection.holders))
     return [
         h
         for h in inspection.holders
@@ -128,6 +136,7 @@ def _others(inspection: holders.Inspection, launch: Launch | None) -> list[Holde
         and h.state not in ("Z", "X")
         and not (launch and h.launch_id == launch.pk)
         and not h.team_only
+        and h.launch_id not in running
     ]
 
 

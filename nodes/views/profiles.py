@@ -37,6 +37,9 @@ from nodes.services.teams import visible_profiles
 from nodes.views import calibrations as calibration_views
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
+#: Polls of a model reading the budget panel makes (0.4 s apart) before it says none came.
+MODEL_POLLS = 150
+
 # What the form says when the save is refused, by ``ProfileRefused.kind`` (else its reason).
 SAVE_REFUSALS = {
     "block": (None, "Blocked: this node cannot run this profile (see the budget)."),
@@ -175,9 +178,13 @@ def profile_check(request: HtmxHttpRequest) -> HttpResponse:
     """The live budget panel for what the form holds now; it never touches the inputs. Only
     an operator's check reads the model on the node: a viewer gets the budget without it."""
     form = ProfileForm(request.POST)
-    context: dict[str, Any] = {"form": form}
+    text = request.POST.get("polls", "")
+    polls = int(text) if re.fullmatch(r"[0-9]{1,4}", text) else 0
+    context: dict[str, Any] = {"form": form, "polls": polls + 1}
     if form.is_valid():
         context.update(_checked(form, read_node=has_role(request.user, Role.OPERATOR)))
+        # The panel asks again while the model is being read, for about a minute at most.
+        context["stalled"] = context["model"].pending and polls >= MODEL_POLLS
     return render(request, "nodes/profile_form.html#budget-panel", context)
 
 

@@ -11,7 +11,7 @@ will help. Foreign processes nobody named are never signalled."""
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
@@ -73,9 +73,15 @@ def request(
     launch: Launch | None = None,
     gpus: list[int] | None = None,
     foreign_pids: list[int] | None = None,
+    foreign_starts: dict[int, int | None] | None = None,
 ) -> Cleanup:
     """Record a cleanup to run (``run``). The GPUs default to the launch's, else all of the
-    node's. Raises ``CleanupError`` for GPUs the node lacks or a launch that still runs."""
+    node's. ``foreign_starts`` (PID → start time, clock ticks, as the page showed them) binds
+    each confirmed PID to the process that was read: a PID reused since is left alone. Raises
+    ``CleanupError`` for a node that may not be contacted, GPUs it lacks or a launch that still
+    runs."""
+    if not node.host_key:
+        raise CleanupError(f"{node.name}'s host key is not trusted yet: nothing runs there")
     if not _all_gpus(node):
         raise CleanupError(f"no GPUs are known on {node.name}: run a discovery first")
     indexes = sorted(set(gpus or (launch.gpus if launch else []) or _all_gpus(node)))
@@ -95,6 +101,7 @@ def request(
         launch=launch,
         gpus=indexes,
         foreign_pids=sorted(set(foreign_pids or [])),
+        foreign_starts={str(p): s for p, s in (foreign_starts or {}).items() if s is not None},
         requested_by=actor.get_username() if actor.is_authenticated else "cli",
     )
 
@@ -120,12 +127,24 @@ def _refuse_hidden(node: Node, actor: Actor, pids: list[int]) -> None:
 
 
 def _protected(cleanup: Cleanup, holders: list[gh.Holder]) -> set[int]:
-    """Launch ids among ``holders`` hidden from whoever asked for the cleanup (an unknown
-    requester sees no team-only launch): their processes are never signalled."""
+    """Launch ids among ``holders`` whose processes are never signalled: those hidden from
+    whoever asked for the cleanup (an unknown requester sees no team-only launch), and those
+    still running (a running launch is stopped, not cleaned up)."""
     ids = {h.launch_id for h in holders if h.launch_id is not None}
     user = get_user_model().objects.filter(username=cleanup.requested_by).first()
     actor: Actor = user if user is not None else AnonymousUser()
-    return set(teams.hidden_launches(actor).filter(pk__in=ids).values_list("pk", flat=True))
+    hidden = set(teams.hidden_launches(actor).filter(pk__in=ids).values_list("pk", flat=True))
+    return hidden | running_launches(ids)
+
+
+def running_launches(ids: Iterable[int | None]) -> set[int]:
+    """The launches among ``ids`` that have not ended."""
+    wanted = [i for i in ids if i is not None]
+    return set(
+        Launch.objects.filter(pk__in=wanted)
+        .exclude(status__in=LAUNCH_ENDED)
+        .values_list("pk", flat=True)
+    )
 
 
 def queue(job: Cleanup) -> None:
@@ -304,7 +323,18 @@ class _Run:
         notes = _left_alone(targets, self.state.holders, self.chosen, self.cleanup.foreign_pids)
         if not targets.foreign:
             return "nothing to do", "", "\n".join(notes) or "no other holder"
+        starts = {int(p): int(s) for p, s in (self.cleanup.foreign_starts or {}).items()}
         named = [h for h in self.state.holders if h.pid in targets.foreign]
+        # A PID the operator confirmed on a page is killed only while it is that process.
+        reused = [h for h in named if h.pid in starts and h.start != starts[h.pid]]
+        notes += [
+            f"PID {h.pid} named, but it is no longer the process the page showed (it started "
+            "again since): not touched"
+            for h in reused
+        ]
+        named = [h for h in named if h not in reused]
+        if not named:
+            return "nothing to do", "", "\n".join(notes)
         outcome, command, output = self.signal("TERM", 10.0, [h.target for h in named])
         # SIGKILL only what a fresh reading still shows as the same process on these GPUs.
         self.state = inspect(self.node, launch=self.launch)
@@ -390,7 +420,7 @@ def _left_alone(
 ) -> list[str]:
     """Why each other holder was not touched. Anyone who may see the cleanup reads its output:
     a team-only launch's process is not described."""
-    ids = {h.launch_id for h in targets.untouched if h.launch_id is not None}
+    ids = {h.launch_id for h in [*targets.untouched, *targets.refused] if h.launch_id is not None}
     secret = set(teams.team_only_launches().filter(pk__in=ids).values_list("pk", flat=True))
     notes = [
         f"PID {h.pid} ("
@@ -401,6 +431,9 @@ def _left_alone(
     notes += [
         f"PID {h.pid} (a team-only launch's process) named: not touched, only its team or "
         "an admin may end it"
+        if h.launch_id in secret or h.team_only
+        else f"PID {h.pid} (launch #{h.launch_id}'s process) named: not touched, the launch "
+        "is still running: stop it instead"
         for h in targets.refused
     ]
     holding = {h.pid for h in holders if set(h.gpus) & set(chosen)}

@@ -346,3 +346,47 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     assert str(pid) in spare.sim.ok("ps -eo pid=").split()
     assert Launch.objects.get(pk=launch.pk).status == LaunchStatus.READY
     ending.stop(launch.pk, actor=op1)
+
+
+def test_a_confirmed_pid_reused_by_another_process_is_not_killed(spare):
+    """The form binds each ticked PID to the process it showed (its start time): a PID that a
+    new process took since is left alone, whoever holds it now."""
+    simfleet("hold", "spare", "--gpu", "1", "--memory", "20GiB", "--state", spare.sim.state)
+    try:
+        found = holders.inspect(spare)
+        holder = next(h for h in found.holders if 1 in h.gpus and h.launch_id is None)
+        job = Cleanup.objects.create(
+            node=spare, gpus=[1], foreign_pids=[holder.pid], requested_by="olga",
+            foreign_starts={str(holder.pid): (holder.start or 0) + 1},  # another process's
+        )  # fmt: skip
+        step = cleanup.run(job.pk).steps.get(key="e")
+        assert "kill" not in step.command and "no longer the process" in step.output
+        assert str(holder.pid) in spare.sim.ok("ps -eo pid=").split()
+    finally:
+        simfleet("release", "spare", "--state", spare.sim.state)
+
+
+def test_a_running_launch_is_stopped_not_cleaned_up_and_commands_show_no_secret(
+    spare, olga, launch_workers
+):
+    """A node-wide cleanup neither offers nor kills a running launch's processes, and the
+    command lines it shows of other processes have their secrets masked."""
+    launch = launching.submit(node=spare, command=QWEN, actor=olga)
+    assert wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, timeout=90) == "ready"
+    spare.sim.ok(
+        "setsid python3 -c 'import time; f=open(\"/dev/nvidia1\"); time.sleep(600)' "
+        "--api-key Sk-Foreign-Secret-12345 >/dev/null 2>&1 < /dev/null &"
+    )
+    found = holders.inspect(spare)
+    assert "Sk-Foreign-Secret" not in json.dumps([h.command for h in found.holders])
+    rank = next(h for h in found.holders if h.launch_id == launch.pk and h.gpus)
+    job = Cleanup.objects.create(
+        node=spare, gpus=[0, 1], foreign_pids=[rank.pid], requested_by="olga"
+    )
+    step = cleanup.run(job.pk).steps.get(key="e")
+    assert "still running: stop it instead" in step.output
+    assert "Sk-Foreign-Secret" not in step.output
+    assert Launch.objects.get(pk=launch.pk).status == LaunchStatus.READY
+    assert str(rank.pid) in spare.sim.ok("ps -eo pid=").split()
+    assert ending.stop(launch.pk, actor=olga).clean
+    spare.sim.run("pkill -f 'Sk-Foreign-Secret'")

@@ -55,3 +55,27 @@ def test_a_quarantined_gpu_shows_on_the_node_page(viewer_client, node):
     GpuQuarantine.objects.create(node=node, index=1, reason="60 GiB held with no process")
     page = viewer_client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
     assert page.count('class="quarantine"') == 1 and "60 GiB held with no process" in page
+
+
+def test_odd_poll_counts_and_untrusted_nodes_get_words_not_errors(operator_client, node):
+    """A poll count that is no small number is counted from 0 (never a 500), and a node whose
+    host key nobody trusted is not read at all: the panel and the form say why."""
+    for tries in ("²", "9" * 5000, "-3", "x"):
+        for name in ("nodes:node-gpus", "nodes:node-cleanup"):
+            response = operator_client.get(reverse(name, args=[node.pk]), {"tries": tries})
+            assert response.status_code == 200, (name, tries)
+            assert "host key is not trusted yet" in response.content.decode()
+    assert not Cleanup.objects.exists()
+
+
+def test_the_api_refuses_a_cleanup_of_a_node_nobody_trusted(operator, node):
+    from django.test import Client
+
+    from nodes.services import tokens
+
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.create(operator, 't')}")
+    answer = api.post(
+        f"/api/nodes/{node.name}/cleanup", {"gpus": [0]}, content_type="application/json"
+    )
+    assert answer.status_code == 400 and "not trusted yet" in answer.json()["detail"]
+    assert not Cleanup.objects.exists()

@@ -14,8 +14,9 @@ from django.urls import reverse
 from nodes.domain.bundle import BundleError, exit_of
 from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision
 from nodes.models.choices import LaunchStatus
+from nodes.services import bundles
 from nodes.services.bundles import read_bundle
-from tests.factories import make_node
+from tests.factories import make_failed, make_node
 
 pytestmark = pytest.mark.django_db
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
@@ -184,3 +185,27 @@ def test_the_diagnose_command_masks_secrets_its_evidence_quotes(settings, tmp_pa
         found = manage_py(settings, "diagnose", str(case), *extra)
         assert found.returncode == 0 and "trust-remote-code" in found.stdout, found.stderr
         assert "topsecret" not in found.stdout and "HF_TOKEN=****" in found.stdout
+
+
+def test_a_bundle_does_not_describe_another_team_s_team_only_process(failed_launch):
+    """Anyone who may see a launch downloads its bundle: the processes of another team's
+    team-only launch that its cleanup found are said to be one, nothing more."""
+    from nodes.models import Cleanup, Team
+
+    team = Team.objects.create(name="alpha")
+    other = make_failed(failed_launch.node, ["--model-path", "/m"], [], name="alpha-secret")
+    LaunchProfile.objects.filter(pk=other.revision.profile_id).update(
+        team=team, visibility=LaunchProfile.Visibility.TEAM
+    )
+    Cleanup.objects.create(
+        node=failed_launch.node, launch=failed_launch, gpus=[0], requested_by="olga",
+        status=Cleanup.Status.DONE, message="GPU 0 still held",
+        result={"host": {}, "gpus": [{"index": 0, "memory_used_bytes": 10, "holders": [
+            {"pid": 934, "command": "sglang::scheduler_TP0 --api-key alpha-key",
+             "launch_id": other.pk},
+            {"pid": 935, "command": "python3 train.py", "launch_id": None},
+        ]}]},
+    )  # fmt: skip
+    after = bundles.facts_of(failed_launch)["snapshots"][-1]
+    names = {p["pid"]: p["name"] for p in after["gpu_processes"]}
+    assert names == {934: "a team-only launch's process", 935: "python3 train.py"}

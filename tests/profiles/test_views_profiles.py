@@ -262,3 +262,42 @@ def test_an_absurd_host_pool_is_a_field_error(operator_client, node):
         reverse("nodes:profile-create"), profile_form_data(node, hicache_size="9" * 30)
     )
     assert "hicache_size" in response.context["form"].errors
+
+
+@pytest.fixture
+def trusted():
+    return make_node(
+        "gpu-02", host_ram_bytes=449 * GB, sglang_version="0.5.9", host_key="ssh-ed25519 AAAAx"
+    )
+
+
+def test_the_panel_polls_while_the_model_is_read_and_then_says_none_came(operator_client, trusted):
+    url = reverse("nodes:profile-check")
+    data = profile_form_data(trusted, model_path="/srv/models/never-read")
+    first = operator_client.post(url, data, headers={"HX-Request": "true"}).content.decode()
+    assert "reading /srv/models/never-read on gpu-02" in first and "model-reading" in first
+    # No worker here: after a minute of polls the panel stops and says so.
+    last = operator_client.post(url, {**data, "polls": "150"}).content.decode()
+    assert "No worker has read the model in a minute" in last and "model-reading" not in last
+
+
+@pytest.mark.parametrize(
+    ("path", "words"),
+    [
+        ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B is not a local path"),
+        ("/" + "a" * 2000, "the model path is longer than 1,024 characters"),
+    ],
+)
+def test_a_model_path_the_reader_cannot_take_is_said_in_words(operator, trusted, path, words):
+    from django.test import Client
+
+    from nodes.services import tokens
+
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.create(operator, 't')}")
+    answer = api.post(
+        "/api/profiles/validate",
+        {"node": trusted.name, "args": ["--model-path", path, "--tp-size", "1"]},
+        content_type="application/json",
+    )
+    assert answer.status_code == 200, answer.content
+    assert any(words in m["text"] for m in answer.json()["messages"]), answer.json()["messages"]
