@@ -108,9 +108,8 @@ def validate(request: HttpRequest, body: ValidateIn) -> Any:
         node, body.args, read_node=operator, wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS
     )
     doc = _budget(profiles.evaluate(body.args, node, model, env=body.env))
-    if model.geometry is None:
-        text = f"Model geometry: {model.source}"
-        doc["messages"].insert(0, {"level": "info", "code": "model-not-read", "text": text})
+    if (said := model_facts.not_read(model)) is not None:
+        doc["messages"].insert(0, said)
     return doc
 
 
@@ -136,7 +135,7 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
     400 with the budget when it is blocked, or warns and ``acknowledge_warnings`` is false."""
     require(request, Role.OPERATOR)
     try:
-        _, report = profiles.submit_revision(
+        _, report, model = profiles.submit_revision(
             profile_name=name,
             node=named(body.node),
             args=body.args,
@@ -151,4 +150,7 @@ def create_revision(request: HttpRequest, name: str, body: RevisionIn) -> Any:
         if refused.kind == "missing":
             raise HttpError(404, "no such profile") from None
         raise HttpError(400, refused.reason) from None
-    return Status(201, _budget(report))
+    doc = _budget(report)
+    if (said := model_facts.not_read(model)) is not None:
+        doc["messages"].insert(0, said)
+    return Status(201, doc)

@@ -110,6 +110,14 @@ def model_facts(
     return ModelFacts(None, None, f"not read from {node.name}: {why}")
 
 
+def not_read(model: ModelFacts) -> dict[str, str] | None:
+    """The ``model-not-read`` message (``{"level", "code", "text"}``) that says why a budget
+    went without the model's geometry, in the form's words; None when it was read."""
+    if model.geometry is not None:
+        return None
+    return {"level": "info", "code": "model-not-read", "text": f"Model geometry: {model.source}"}
+
+
 def model_of(
     node: Node, args: list[str], *, read_node: bool = True, wait: float | None = None
 ) -> ModelFacts:

@@ -6,6 +6,8 @@ same input checks, the same budget, the same audit.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from django.db import transaction
 from django.db.models import Max
 from django.http import HttpRequest
@@ -177,6 +179,14 @@ def input_problem(node: Node, args: list[str], env: dict[str, str]) -> str | Non
     return None
 
 
+class Submitted(NamedTuple):
+    """A saved revision, its budget, and the model facts it was checked with."""
+
+    revision: ProfileRevision
+    report: BudgetReport
+    model: ModelFacts
+
+
 def submit_revision(
     *,
     profile_name: str,
@@ -190,12 +200,12 @@ def submit_revision(
     pasted_config: str = "",
     request: HttpRequest | None = None,
     model_wait: float | None = None,
-) -> tuple[ProfileRevision, BudgetReport]:
+) -> Submitted:
     """Check a revision and save it (form, API and CLI): the name, the input
     (``input_problem``), the profile's team (``actor`` must see it), then the budget on
     ``node``; a ``warn`` verdict is saved only when ``acknowledged``. ``new_profile`` refuses a
     name that exists. The model is read as ``model_facts`` reads it with ``wait=model_wait``.
-    Returns the revision and its budget; raises ``ProfileRefused``."""
+    Returns the revision, its budget and the model facts; raises ``ProfileRefused``."""
     if problem := rules.check_node_name(profile_name):
         raise ProfileRefused("input", f"profile name: {problem}")
     existing = LaunchProfile.objects.filter(name=profile_name).first()
@@ -228,4 +238,4 @@ def submit_revision(
         )
     except ProfileHidden as hidden:  # made team-only while it was checked
         raise ProfileRefused("missing", str(hidden)) from None
-    return revision, report
+    return Submitted(revision, report, model)

@@ -416,7 +416,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
             )
         elif request.POST.get("action") == "save":
             try:
-                revision, _ = submit_revision(
+                revision, _, _ = submit_revision(
                     profile_name=form.cleaned_data["name"],
                     node=form.cleaned_data["node"],
                     args=form.args(),

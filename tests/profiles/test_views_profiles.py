@@ -301,3 +301,21 @@ def test_a_model_path_the_reader_cannot_take_is_said_in_words(operator, trusted,
     )
     assert answer.status_code == 200, answer.content
     assert any(words in m["text"] for m in answer.json()["messages"]), answer.json()["messages"]
+
+
+def test_a_revision_saved_without_its_model_says_so(operator, trusted):
+    """The API's save says why the budget went without the model's geometry, as validate
+    does (here no worker read it: the save goes on, as for a node that does not answer)."""
+    from django.test import Client
+
+    from nodes.services import tokens
+
+    api = Client(HTTP_AUTHORIZATION=f"Bearer {tokens.create(operator, 't')}")
+    answer = api.post(
+        "/api/profiles/qwen-api/revisions",
+        {"node": trusted.name, "args": ["--model-path", "/srv/models/qwen", "--tp-size", "1"]},
+        content_type="application/json",
+    )
+    assert answer.status_code == 201, answer.content
+    said = [m for m in answer.json()["messages"] if m["code"] == "model-not-read"]
+    assert said and "not read from gpu-02" in said[0]["text"], answer.json()["messages"]

@@ -163,8 +163,8 @@ class Command(OneLineCommand):
 
     def finish(self, launch: Launch, code: int) -> None:
         if launch.status == LaunchStatus.FAILED:
-            # The follower diagnoses a moment after the failure; give it that moment.
-            for _ in range(20):
+            # A worker diagnoses a moment after the failure (queued); give it that moment.
+            for _ in range(120):
                 if launch.diagnosis:
                     break
                 time.sleep(0.25)

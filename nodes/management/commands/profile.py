@@ -30,7 +30,7 @@ from nodes.domain.sglang_flags import split_command
 from nodes.management.cli import OneLineCommand, OneLineParser, add_actor_argument, resolve_actor
 from nodes.models import Node, ProfileRevision
 from nodes.models.choices import Role
-from nodes.services import profiles
+from nodes.services import model_facts, profiles
 from nodes.workflows import launching
 
 MAX_MESSAGE = 500  # as the form's "What changed"
@@ -125,7 +125,7 @@ class Command(OneLineCommand):
                 self.refuse(f"--env {setting[:40]!r}: expected NAME=VALUE")
             env[key] = value
         try:
-            revision, report = profiles.submit_revision(
+            revision, report, model = profiles.submit_revision(
                 profile_name=options["name"],
                 node=node,
                 args=argv,
@@ -147,10 +147,15 @@ class Command(OneLineCommand):
                     suggestion=report.suggestion,
                 )
             self.refuse(refused.reason)
+        messages = _messages(report)
+        if (said := model_facts.not_read(model)) is not None:
+            messages.insert(0, said)
         if self.as_json:
-            doc = {**revision_json(revision), "messages": _messages(report)}
+            doc = {**revision_json(revision), "messages": messages}
             self.stdout.write(json.dumps(doc))
             return
+        if said is not None:
+            self.stdout.write(f"  [info] {said['text']}")
         self.print_report(report)
         self.stdout.write(f"Saved {revision} ({report.verdict}) on {node.name}")
 
