@@ -8,6 +8,7 @@ app_name = "nodes"
 
 urlpatterns = [
     path("", inventory.node_list, name="node-list"),
+    path("fleet/", inventory.fleet_page, name="fleet"),
     path("nodes/new/", inventory.node_create, name="node-create"),
     path("nodes/<int:pk>/", inventory.node_detail, name="node-detail"),
     path("nodes/<int:pk>/edit/", inventory.node_edit, name="node-edit"),

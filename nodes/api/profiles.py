@@ -13,15 +13,24 @@ from ninja.errors import HttpError
 from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.pagination import Rows, paged
-from nodes.api.schemas import ERRORS, READ_ERRORS, BudgetOut, ProfileOut, RevisionIn, ValidateIn
+from nodes.api.schemas import (
+    ERRORS,
+    READ_ERRORS,
+    BudgetOut,
+    PlacementOut,
+    ProfileOut,
+    RevisionIn,
+    ValidateIn,
+)
 from nodes.domain.budget import BudgetReport
 from nodes.domain.exchange_document import ProfilesDocument
 from nodes.models import LaunchProfile
 from nodes.models.choices import Role
-from nodes.services import exchange, model_facts, profiles, teams
+from nodes.services import exchange, model_facts, placement, profiles, teams
 from nodes.services.audit import record
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_profiles
+from nodes.workflows import launching
 
 router = Router(tags=["profiles"])
 
@@ -118,6 +127,23 @@ def get_profile(request: HttpRequest, name: str) -> Any:
     if "\x00" in name:
         raise HttpError(404, "no such profile")
     return profile_json(get_object_or_404(visible_profiles(request.user), name=name, adhoc=False))
+
+
+@router.get("/{name}/placement", response={200: PlacementOut, **READ_ERRORS})
+def placement_of(request: HttpRequest, name: str, revision: int | None = None) -> Any:
+    """Where profile ``name`` (its latest revision, or ``revision``; an ad-hoc one too) fits
+    now: every node and GPU set, best first (``headroom_bytes``: host memory left after it),
+    and why each other node does not; as ``manage.py place --json`` answers. The model is read
+    on the nodes for an operator's token only."""
+    if "\x00" in name or "@" in name:
+        raise HttpError(404, "no such profile")
+    spec = name if revision is None else f"{name}@{revision}"
+    try:
+        found = launching.resolve_profile(spec, request.user)
+    except launching.LaunchInputError as exc:
+        raise HttpError(404, str(exc)) from None
+    wait = settings.RANKWISE_MODEL_READ_WAIT_SECONDS
+    return placement.place(found, request.user, wait=wait).to_json()
 
 
 def _budget(report: BudgetReport) -> dict[str, Any]:

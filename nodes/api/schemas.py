@@ -98,6 +98,25 @@ class BudgetOut(Schema):
     suggestion: dict[str, Any] | None = None
 
 
+class CandidateOut(Schema):
+    node: str
+    gpus: list[int]
+    verdict: str
+    headroom_bytes: int
+    reasons: list[str]
+
+
+class RefusedOut(Schema):
+    node: str
+    reasons: list[str]
+
+
+class PlacementOut(Schema):
+    revision: str
+    candidates: list[CandidateOut]
+    refused: list[RefusedOut]
+
+
 class LaunchIn(Schema):
     node: str = Field(..., max_length=63)
     profile: str | None = Field(None, max_length=80)

@@ -38,7 +38,7 @@ from nodes.domain.budget_host import (
     V0_5_21,
     host_pool,
 )
-from nodes.domain.budget_types import BudgetReport, Message, NodeMemory, Observed
+from nodes.domain.budget_types import BudgetReport, Message, Neighbour, NodeMemory, Observed
 from nodes.domain.geometry import ModelGeometry
 from nodes.domain.sglang_flags import ParsedCommand, sglang_version
 from nodes.domain.units import GiB
@@ -56,6 +56,7 @@ __all__ = [
     "V0_5_21",
     "BudgetReport",
     "Message",
+    "Neighbour",
     "NodeMemory",
     "Observed",
     "check",

@@ -88,12 +88,16 @@ class HostBudget:
 
 
 def host_budget(node: NodeMemory, os_headroom: int) -> HostBudget | None:
-    """``None`` when the node says none of its limits."""
+    """``None`` when the node says none of its limits. Other launches on the node count: host
+    RAM less everything they committed, MemAvailable less what they committed and have not
+    pinned yet (SGLang pins its host pool only after the weights, minutes after the start)."""
+    committed = sum(n.host_bytes for n in node.neighbours)
+    outstanding = sum(n.host_bytes for n in node.neighbours if not n.pinned)
     limits = []
     if node.host_ram_bytes:
-        limits.append(("ram", node.host_ram_bytes - os_headroom))
+        limits.append(("ram", node.host_ram_bytes - os_headroom - committed))
     if node.mem_available_bytes is not None:
-        limits.append(("available", node.mem_available_bytes))
+        limits.append(("available", node.mem_available_bytes - outstanding))
     if node.cgroup_limit_bytes is not None:
         limits.append(("cgroup", node.cgroup_limit_bytes))
     if not limits:
@@ -274,12 +278,34 @@ def _show_budget(
     if node.host_ram_bytes:
         ram, spare = format_bytes(node.host_ram_bytes, "GB"), format_bytes(os_headroom, "GB", 2)
         names["ram"] = f"host RAM {ram} − {spare} for the OS ="
+    if node.neighbours:
+        _show_neighbours(node, names, report)
     shown = ", ".join(
         f"{names[kind]} {format_bytes(value, 'GB', places=2)}" for kind, value in budget.limits
     )
     total = format_bytes(budget.allowed, "GB", places=2)
     report.lines.append(f"Host budget: min({shown}) − SGLang's 10 GiB reserve = {total}")
     report.host_budget_bytes = budget.allowed
+
+
+def _show_neighbours(node: NodeMemory, names: dict[str, str], report: BudgetReport) -> None:
+    """The other launches' commitments, each named, and what they take from each limit."""
+    for n in node.neighbours:
+        state = "pinned" if n.pinned else "committed, not yet pinned"
+        report.lines.append(
+            f"Launch {n.label} on this node: {format_bytes(n.host_bytes, 'GB', places=2)} of "
+            f"host memory ({state})"
+        )
+    committed = format_bytes(sum(n.host_bytes for n in node.neighbours), "GB", places=2)
+    waiting = [n for n in node.neighbours if not n.pinned]
+    if "ram" in names:
+        names["ram"] = f"{names['ram'].removesuffix(' =')} − {committed} committed by others ="
+    if waiting and node.mem_available_bytes is not None:
+        now = format_bytes(node.mem_available_bytes, "GB", places=2)
+        others = " − ".join(
+            f"{format_bytes(n.host_bytes, 'GB', places=2)} for launch {n.label}" for n in waiting
+        )
+        names["available"] = f"MemAvailable now {now} − {others}, not yet pinned ="
 
 
 @dataclass(frozen=True)
@@ -306,6 +332,14 @@ def host_fix(pinned: Pinned, budget: int) -> HostFix:
     return HostFix(largest, offload_gb, meant)
 
 
+def _beside(node: NodeMemory) -> str:
+    if not node.neighbours:
+        return ""
+    return " beside " + ", ".join(
+        f"launch {n.label} ({format_bytes(n.host_bytes, 'GB', places=2)})" for n in node.neighbours
+    )
+
+
 def _host_block(
     hicache: bool, node: NodeMemory, pinned: Pinned, budget: int, report: BudgetReport
 ) -> None:
@@ -316,8 +350,8 @@ def _host_block(
         "host_oom",
         f"{pinned.ranks} × {format_bytes(pinned.per_rank, 'GB', places=2)} = "
         f"{format_bytes(pinned.per_node, 'GB', places=2)} of pinned host memory against a "
-        f"budget of {format_bytes(budget, 'GB', places=2)}{ram}: the ranks together would "
-        "exhaust the node and the kernel would OOM-kill them",
+        f"budget of {format_bytes(budget, 'GB', places=2)}{ram}{_beside(node)}: the ranks "
+        "together would exhaust the node and the kernel would OOM-kill them",
     )
     fix = host_fix(pinned, budget)
     if not hicache:

@@ -13,8 +13,20 @@ from typing import Any
 
 
 @dataclass(frozen=True)
+class Neighbour:
+    """Another launch on the node and the host memory it committed (bytes): its host pools over
+    its ranks here plus pinned buffers. ``pinned``: it allocated them (its log said so), so
+    MemAvailable counts them already. ``label`` names it: ``#12 (llama@3)``."""
+
+    label: str
+    host_bytes: int
+    pinned: bool = False
+
+
+@dataclass(frozen=True)
 class NodeMemory:
-    """A node as the budget sees it. ``gpu_used_bytes`` is what other processes hold now."""
+    """A node as the budget sees it. ``gpu_used_bytes`` is what other processes hold now;
+    ``neighbours`` the other launches on the node with what they committed."""
 
     gpu_memory_bytes: tuple[int, ...]
     host_ram_bytes: int | None
@@ -22,6 +34,7 @@ class NodeMemory:
     cgroup_limit_bytes: int | None = None
     gpu_used_bytes: tuple[int, ...] | None = None
     gpu_names: tuple[str, ...] | None = None
+    neighbours: tuple[Neighbour, ...] = ()
 
 
 @dataclass(frozen=True)

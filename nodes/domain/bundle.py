@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from nodes.domain import timeline
+from nodes.domain.units import format_bytes
 
 FORMAT = "rankwise-case/1"
 
@@ -79,9 +80,24 @@ def case_snapshot(snapshot: Mapping[str, Any], phase: str) -> dict[str, Any]:
             "used_bytes": sum(int(f.get("bytes") or 0) for f in snapshot.get("shm_files") or [])
         },
     }
-    if snapshot.get("errors"):
-        doc["notes"] = [f"not collected: {e}" for e in snapshot["errors"]]
+    notes = [f"not collected: {e}" for e in snapshot.get("errors") or []]
+    if others := snapshot.get("neighbours"):
+        notes.append(neighbours_note(others))
+    if notes:
+        doc["notes"] = notes
     return doc
+
+
+def neighbours_note(others: Sequence[Mapping[str, Any]]) -> str:
+    """The other launches on the node (``[{"label", "host_bytes", "pinned"}]``) in words, as
+    the diagnosis reads them back: ``other launches on the node with host memory committed:
+    #12 (llama@1) 420 GB (pinned)``."""
+    said = ", ".join(
+        f"{o.get('label')} {format_bytes(int(o.get('host_bytes') or 0), 'GB')}"
+        f" ({'pinned' if o.get('pinned') else 'not pinned yet'})"
+        for o in others
+    )
+    return f"other launches on the node with host memory committed: {said}"
 
 
 def timeline_snapshots(

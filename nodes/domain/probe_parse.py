@@ -9,7 +9,7 @@ in kB (1024 bytes, proc(5)). Everything here returns integer bytes.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 MiB = 2**20
@@ -21,11 +21,14 @@ class ProbeError(ValueError):
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process using a GPU: node-side PID, name (argv[0]), GPU memory in bytes."""
+    """A process using a GPU: node-side PID, name (argv[0]), GPU memory in bytes; the Rankwise
+    launch it belongs to (its ``RANKWISE_LAUNCH_ID``) and the user it runs as, where read."""
 
     pid: int
     name: str
     used_memory_bytes: int
+    launch_id: int | None = None
+    user: str | None = None
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class NodeFacts:
     sglang_version: str | None = None
     problems: tuple[str, ...] = field(default_factory=tuple)
     notes: tuple[str, ...] = field(default_factory=tuple)
+    # Launch ids with a process left on the node (their host memory may still be pinned);
+    # None when the probe did not say.
+    live_launches: tuple[int, ...] | None = None
 
     @property
     def gpus_detected(self) -> bool:
@@ -70,6 +76,7 @@ class NodeFacts:
         doc["gpus"] = [asdict(g) for g in self.gpus]
         doc["problems"] = list(self.problems)
         doc["notes"] = list(self.notes)
+        doc["live_launches"] = list(self.live_launches) if self.live_launches is not None else None
         return doc
 
 
@@ -86,9 +93,15 @@ def facts_from_json(doc: dict[str, Any]) -> NodeFacts:
         )
         for g in doc["gpus"]
     )
-    rest = {k: v for k, v in doc.items() if k not in ("gpus", "problems", "notes")}
+    skip = ("gpus", "problems", "notes", "live_launches")
+    rest = {k: v for k, v in doc.items() if k not in skip}
+    live = doc.get("live_launches")
     return NodeFacts(
-        gpus=gpus, problems=tuple(doc["problems"]), notes=tuple(doc.get("notes", ())), **rest
+        gpus=gpus,
+        problems=tuple(doc["problems"]),
+        notes=tuple(doc.get("notes", ())),
+        live_launches=tuple(live) if isinstance(live, list) else None,
+        **rest,
     )
 
 
@@ -115,6 +128,7 @@ def parse_probe(text: str) -> NodeFacts:
         gpus = parse_smi(doc["nvidia_smi"]["gpu_csv"], doc["nvidia_smi"].get("apps_csv", ""), names)
         driver = _smi_driver(doc["nvidia_smi"]["gpu_csv"])
         notes.append(f"NVML unavailable ({errors.get('nvml')}); GPU facts from nvidia-smi")
+    gpus = _with_owners(gpus, doc.get("process_info") or {})
     if source is None:
         problems.append(
             "GPUs not detected: "
@@ -144,7 +158,33 @@ def parse_probe(text: str) -> NodeFacts:
         sglang_version=doc.get("sglang_version"),
         problems=tuple(problems),
         notes=tuple(notes),
+        live_launches=_live_launches(doc.get("live_launches")),
     )
+
+
+def _live_launches(value: Any) -> tuple[int, ...] | None:
+    if not isinstance(value, list):
+        return None
+    return tuple(sorted({int(v) for v in value if str(v).isdigit()}))
+
+
+def _with_owners(gpus: tuple[GpuFacts, ...], info: dict[str, Any]) -> tuple[GpuFacts, ...]:
+    """The GPUs with each process's launch (``RANKWISE_LAUNCH_ID``) and user, as the probe
+    read them from /proc (``process_info``: PID → ``{"launch", "user"}``)."""
+
+    def owner(p: GpuProcess) -> GpuProcess:
+        found = info.get(str(p.pid))
+        if not isinstance(found, dict):
+            return p
+        launch = str(found.get("launch") or "")
+        user = found.get("user")
+        return replace(
+            p,
+            launch_id=int(launch) if launch.isdigit() else None,
+            user=str(user) if user else None,
+        )
+
+    return tuple(replace(g, processes=tuple(owner(p) for p in g.processes)) for g in gpus)
 
 
 def _nvml_gpu(gpu: dict[str, Any], names: dict[str, str]) -> GpuFacts:

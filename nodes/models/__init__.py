@@ -5,7 +5,7 @@ from __future__ import annotations
 from nodes.models.accounts import ApiToken, AuditEntry, Team
 from nodes.models.cleanups import Cleanup, CleanupStep
 from nodes.models.inventory import Gpu, GpuQuarantine, ModelReading, Node, NodeEvent, SshCredential
-from nodes.models.launches import BundleUpload, Launch, LaunchLogLine, Reservation
+from nodes.models.launches import BundleUpload, Commitment, Launch, LaunchLogLine, Reservation
 from nodes.models.profiles import Calibration, KnownGoodStamp, LaunchProfile, ProfileRevision
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "Calibration",
     "Cleanup",
     "CleanupStep",
+    "Commitment",
     "Gpu",
     "GpuQuarantine",
     "KnownGoodStamp",

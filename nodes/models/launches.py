@@ -177,3 +177,23 @@ class BundleUpload(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.status})"
+
+
+class Commitment(models.Model):
+    """What a launch holds on its node from its submission until its processes are gone and
+    its memory is back: the host memory it pins (its host pools over its ranks there, plus
+    pinned buffers) and the device memory it takes per GPU. Its GPUs and ports are its
+    ``Reservation`` rows, taken in the same transaction."""
+
+    launch = models.OneToOneField(Launch, on_delete=models.CASCADE, related_name="commitment")
+    node = models.ForeignKey(Node, on_delete=models.CASCADE, related_name="commitments")
+    host_bytes = models.PositiveBigIntegerField(default=0)
+    # GPU index → bytes the launch takes there (None where the estimate is unknown).
+    device_bytes = models.JSONField(default=dict, blank=True)
+    # The launch's log showed its host pools allocated: MemAvailable counts them from then on.
+    pinned = models.BooleanField(default=False)
+    created = models.DateTimeField(auto_now_add=True)
+    released = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    def __str__(self) -> str:
+        return f"launch #{self.launch_id}'s commitment on {self.node.name}"

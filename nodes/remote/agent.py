@@ -6,7 +6,8 @@ output, except ``watch``, which prints one per change; ``nodes/remote/client.py`
 
 Commands:
   probe [--live] PYTHON    GPUs (NVML, the ``pynvml`` module of nvidia-ml-py; ``nvidia-smi``
-                           CSV when NVML is unusable), the PIDs' names, /proc/meminfo; without
+                           CSV when NVML is unusable), the PIDs' names, users and launches, the
+                           launches with a process left (``live_launches``), /proc/meminfo; without
                            ``--live`` also the cgroup limit, /dev/shm, CPUs, OS, kernel and
                            ``PYTHON``'s SGLang version. Every failure is a reason in the answer.
   model DIR [STAMP]        DIR/config.json and the JSON header of every ``*.safetensors`` file
@@ -308,6 +309,69 @@ def process_names(pids: list[int]) -> dict[str, str]:
     }
 
 
+def process_info(pids: list[int]) -> dict[str, dict[str, Any]]:
+    """For each PID: the Rankwise launch it belongs to and its user. The launch is the one its
+    ``RANKWISE_LAUNCH_ID`` names, or, where the environment cannot be read (a process in D
+    state), the one whose supervisor leads its session: a rank re-parented to PID 1 when its
+    server died keeps its session id."""
+    sessions = _launch_sessions()
+    found: dict[str, dict[str, Any]] = {}
+    for pid in pids:
+        info = process(pid)
+        if info is None:
+            continue
+        try:
+            user = pwd.getpwuid(info["uid"]).pw_name if info["uid"] is not None else None
+        except KeyError:
+            user = str(info["uid"])
+        launch = info["launch_marker"]
+        if launch is None and info["sid"] in sessions:
+            owner, ended = sessions[info["sid"]]
+            # Started after the launch ended: someone else's session on a reused PID.
+            launch = owner if ended is None or info["started_at"] <= ended + 1 else None
+        found[str(pid)] = {"launch": launch, "user": user}
+    return found
+
+
+def _stat(pid: int) -> tuple[str, int] | None:
+    """A process's state and session id from ``stat`` alone (never blocks on its memory)."""
+    raw = _read(f"/proc/{pid}/stat")
+    if raw is None:
+        return None
+    fields = raw[raw.rindex(")") + 2 :].split()
+    return fields[0], int(fields[3])
+
+
+def live_launches() -> list[str]:
+    """The launches with a process left in their session (the supervisor's, which every
+    process it started keeps, re-parented or not): their host memory may still be pinned."""
+    sessions = _launch_sessions()
+    alive = set()
+    for pid in _pids() if sessions else []:
+        found = _stat(pid)
+        if found is not None and found[0] not in ("Z", "X") and found[1] in sessions:
+            alive.add(sessions[found[1]][0])
+    return sorted(alive)
+
+
+def _launch_sessions() -> dict[int, tuple[str, float | None]]:
+    """Session id → (launch id, when its server exited, epoch s, or None) for each launch
+    folder whose session is the launch's: led by its supervisor, or by no one any more."""
+    sessions: dict[int, tuple[str, float | None]] = {}
+    for f in launch_folders():
+        if not f["pgid"] or not f["launch_id"]:
+            continue
+        leader = None if f["leader_alive"] else _stat(f["pgid"])
+        if leader is not None and leader[1] == f["pgid"]:
+            continue  # the PID leads another session now
+        try:
+            ended: float | None = os.stat(os.path.join(f["dir"], "exit_status")).st_mtime
+        except OSError:
+            ended = None
+        sessions[f["pgid"]] = (f["launch_id"], ended)
+    return sessions
+
+
 def cgroup_limit() -> int | None:
     for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         text = _read(path)
@@ -359,6 +423,8 @@ def probe(args: list[str]) -> dict[str, Any]:
         if len(cells) > 1 and cells[1].isdigit():
             pids.append(int(cells[1]))
     doc["process_names"] = process_names(pids)
+    doc["process_info"] = process_info(pids)
+    doc["live_launches"] = live_launches()
     doc["meminfo"] = meminfo()
     if not live:
         doc["cgroup_limit_bytes"] = cgroup_limit()

@@ -105,6 +105,8 @@ def facts_of(launch: Launch) -> dict[str, object]:
             "server_info": launch.server_info,
             "ready_at": launch.ready_at.isoformat() if launch.ready_at else None,
             "memory_timeline": launch.memory_timeline,
+            # Their host pools and this launch's share the node's RAM (the diagnosis names them).
+            "other_launches_on_node": (launch.snapshot or {}).get("neighbours"),
         },
     )
 

@@ -62,9 +62,10 @@ def check_env(env: dict[str, str], node: Node | None) -> None:
         raise EnvRefused("; ".join(problems))
 
 
-def node_memory(node: Node) -> NodeMemory:
-    """What the budget needs from the inventory: GPU sizes and use, RAM, MemAvailable, cgroup."""
-    gpus = list(node.gpus.all())
+def node_memory(node: Node, only: list[int] | None = None) -> NodeMemory:
+    """What the budget needs from the inventory: GPU sizes and use (of the GPUs indexed ``only``,
+    or all), RAM, MemAvailable, cgroup."""
+    gpus = [g for g in node.gpus.all() if only is None or g.index in only]
     facts = node.facts or {}
     return NodeMemory(
         gpu_memory_bytes=tuple(g.memory_total_bytes for g in gpus),

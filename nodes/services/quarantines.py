@@ -14,10 +14,6 @@ from nodes.models import (
     GpuQuarantine,
     Node,
     NodeEvent,
-    Reservation,
-)
-from nodes.models.choices import (
-    LAUNCH_ENDED,
 )
 from nodes.services.audit import record
 
@@ -30,23 +26,8 @@ def quarantined(node: Node) -> dict[int, str]:
 
 def lift_quarantines(node: Node, gpus: list[dict[str, Any]]) -> list[int]:
     """For each GPU a discovery found free (at most ``IDLE_GPU_BYTES`` used, no process), after
-    the node's reboot: end its quarantine, and release it from ended launches that kept it
-    reserved because its memory had not come back. Returns the indexes lifted."""
-    free = {
-        int(g["index"])
-        for g in gpus
-        if int(g.get("memory_used_bytes") or 0) <= gh.IDLE_GPU_BYTES and not g.get("processes")
-    }
-    kept = Reservation.objects.filter(
-        node=node, kind="gpu", number__in=free, launch__status__in=LAUNCH_ENDED
-    ).select_related("launch")
-    for r in kept:
-        NodeEvent.objects.create(
-            node=node,
-            kind="reservation",
-            message=f"GPU {r.number} released from ended launch #{r.launch_id}: its memory is free",
-        )
-    kept.delete()
+    the node's reboot: end its quarantine. Returns the indexes lifted."""
+    free = free_gpus(gpus)
     lifted = []
     for q in GpuQuarantine.objects.filter(node=node, lifted_at__isnull=True, index__in=free):
         because = "a discovery found its memory free"
@@ -66,6 +47,16 @@ def lift_quarantines(node: Node, gpus: list[dict[str, Any]]) -> list[int]:
         )
         lifted.append(q.index)
     return lifted
+
+
+def free_gpus(gpus: list[dict[str, Any]]) -> set[int]:
+    """The indexes of the GPUs a reading found free: at most ``IDLE_GPU_BYTES`` used and no
+    process (``[{"index", "memory_used_bytes", "processes"}]``)."""
+    return {
+        int(g["index"])
+        for g in gpus
+        if int(g.get("memory_used_bytes") or 0) <= gh.IDLE_GPU_BYTES and not g.get("processes")
+    }
 
 
 def put(node: Node, index: int, reason: str, cleanup: Cleanup) -> None:

@@ -20,10 +20,12 @@ from nodes.domain.probe_parse import (
 )
 from nodes.models import (
     Gpu,
+    Launch,
     Node,
     NodeEvent,
 )
 from nodes.models.choices import (
+    LAUNCH_ENDED,
     NodeStatus,
 )
 from nodes.remote import client as agent
@@ -89,14 +91,10 @@ def save_facts(node: Node, facts: NodeFacts) -> None:
             )
             for g in facts.gpus
         )
-        quarantines.lift_quarantines(
-            node,
-            [
-                {"index": g.index, "memory_used_bytes": g.memory_used_bytes,
-                 "processes": list(g.processes)}
-                for g in facts.gpus
-            ],
-        )  # fmt: skip
+        quarantines.lift_quarantines(node, _gpu_docs(facts))
+        commitments.release_returned(
+            node, quarantines.free_gpus(_gpu_docs(facts)), facts.live_launches
+        )
         now = timezone.now()
         for change in describe_changes(old, facts):
             NodeEvent.objects.create(node=node, kind="change", message=change)
@@ -132,12 +130,47 @@ def save_live(node: Node, facts: NodeFacts) -> None:
             row.processes = [_process_json(p) for p in live.processes] if live else []
         Gpu.objects.bulk_update(rows, ["memory_used_bytes", "processes"])
         _status_event(node, status, reason)
+        _escaped_events(node, facts)
+        if facts.gpus_detected:  # a reading that could not see the GPUs shows nothing back
+            commitments.release_returned(
+                node, quarantines.free_gpus(_gpu_docs(facts)), facts.live_launches
+            )
         Node.objects.filter(pk=node.pk).update(
             mem_available_bytes=facts.mem_available_bytes,
             status=status,
             status_reason=reason,
             last_seen=timezone.now(),
         )
+
+
+def _gpu_docs(facts: NodeFacts) -> list[dict[str, Any]]:
+    return [
+        {"index": g.index, "memory_used_bytes": g.memory_used_bytes, "processes": list(g.processes)}
+        for g in facts.gpus
+    ]
+
+
+def _escaped_events(node: Node, facts: NodeFacts) -> None:
+    """A node event, once, for each process of an ended launch still holding a GPU: it escaped
+    its launch's end (re-parented to PID 1, say, when its server was killed)."""
+    held = {
+        (g.index, p.pid, p.launch_id)
+        for g in facts.gpus
+        for p in g.processes
+        if p.launch_id is not None
+    }
+    ended = dict(
+        Launch.objects.filter(
+            pk__in={launch for _, _, launch in held}, status__in=LAUNCH_ENDED
+        ).values_list("pk", "status")
+    )
+    for index, pid, launch in sorted(h for h in held if h[2] in ended):
+        message = (
+            f"GPU {index}: PID {pid} of launch #{launch} ({ended[launch]}) still holds memory: "
+            "it escaped its launch's end; clean up the GPU"
+        )
+        if not NodeEvent.objects.filter(node=node, kind="escaped", message=message).exists():
+            NodeEvent.objects.create(node=node, kind="escaped", message=message)
 
 
 def save_unreachable(node: Node, error: ssh.RemoteError) -> None:

@@ -8,7 +8,7 @@ from django.db.models import Q
 
 from nodes.domain import launch_plan as plan
 from nodes.models import Launch, Reservation
-from nodes.services import teams
+from nodes.services import commitments, teams
 
 
 def reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
@@ -38,12 +38,15 @@ def reserve(launch: Launch, gpus: list[int], ports: list[int]) -> plan.Check:
     )
 
 
-def release(launch: Launch, *, keep_gpus: set[int] | None = None) -> None:
-    """Free the launch's port and every GPU not in ``keep_gpus`` (memory still held)."""
+def release(launch: Launch, *, keep_gpus: set[int] | None = None, keep_host: bool = False) -> None:
+    """Free the launch's port and every GPU not in ``keep_gpus`` (memory still held), and its
+    host commitment unless ``keep_host`` (processes may still pin it, or it was not read)."""
     rows = Reservation.objects.filter(launch=launch)
     if keep_gpus:
         rows = rows.exclude(kind="gpu", number__in=keep_gpus)
     rows.delete()
+    if not keep_host:
+        commitments.release(launch)
 
 
 def still_reserved(launch: Launch) -> dict[int, int]:

@@ -150,4 +150,5 @@ def _hidden_among(user: Actor, ids: set[int]) -> set[int]:
     return set(hidden_launches(user).filter(pk__in=ids).values_list("pk", flat=True))
 
 
-_LAUNCH_ID = re.compile(r"launch #([0-9]{1,12})")
+# "launch #12", unless already said as "#12 (a team-only launch)" (a budget's neighbours).
+_LAUNCH_ID = re.compile(r"launch #([0-9]{1,12})(?![0-9]| \(a team-only launch\))")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import Any
 
 from django.conf import settings
@@ -22,7 +23,7 @@ from nodes.models.choices import (
 )
 from nodes.queue import QueueUnavailable, enqueue
 from nodes.remote import client as agent
-from nodes.services import launch_state, readings
+from nodes.services import commitments, launch_state, readings
 from nodes.services.credentials import target_for
 from nodes.services.reservations import release
 
@@ -55,9 +56,10 @@ def finish(launch: Launch, remaining: list[dict[str, Any]]) -> tuple[dict[int, i
     try:
         held = held_gpus(launch)
     except ssh.RemoteError as exc:
-        release(launch, keep_gpus=set(launch.gpus))
+        release(launch, keep_gpus=set(launch.gpus), keep_host=True)
         return {g: 0 for g in launch.gpus}, f"GPU memory not verified ({exc.message})"
-    release(launch, keep_gpus=set(held))
+    # Processes left (in D state, say) may still pin their host pools: the commitment stays.
+    release(launch, keep_gpus=set(held), keep_host=bool(remaining))
     notes = []
     if remaining:
         notes.append(
@@ -84,6 +86,9 @@ def fail(launch_id: int, reason: str) -> bool:
     snap: dict[str, Any] = {}
     try:
         snap = take_snapshot(launch)
+        # Who else had host memory committed on the node when it failed (the diagnosis names
+        # them: their pools count with this one's).
+        snap["neighbours"] = [asdict(n) for n in commitments.neighbours(launch.node, launch)]
         if snap.get("gpus") and snap.get("meminfo"):
             # Sampled as the snapshot was taken, before the stop's grace period.
             used = {g["index"]: g["memory_used_bytes"] for g in snap["gpus"]}
@@ -95,7 +100,7 @@ def fail(launch_id: int, reason: str) -> bool:
             Launch.objects.filter(pk=launch_id).update(reason=f"{reason}; {notes}")
     except ssh.RemoteError as exc:
         snap.setdefault("errors", []).append(exc.message)
-        release(launch, keep_gpus=set(launch.gpus))
+        release(launch, keep_gpus=set(launch.gpus), keep_host=True)
     Launch.objects.filter(pk=launch_id).update(snapshot=snap)
     # Diagnosed now with the lines stored so far; again by the follower once the log is whole.
     enqueue("nodes.diagnose_launch", launch_id, unavailable=_not_diagnosed(launch_id))

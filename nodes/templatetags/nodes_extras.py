@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django import template
 
+from nodes.domain.ownership import HostShare
 from nodes.domain.units import UNITS, format_bytes
 from nodes.models import Gpu
+from nodes.services.fleet import GpuView
 
 register = template.Library()
 
@@ -61,3 +64,51 @@ def usage_bar(total: int, available: int | None, unit: str = "GB") -> dict[str, 
         f"of {format_bytes(total, unit)}"
     )
     return _bar(used, total, label)
+
+
+@register.inclusion_tag("nodes/_stacked_bar.html")
+def gpu_owner_bar(view: GpuView) -> dict[str, object]:
+    """A GPU's memory by owner as one stacked bar: ours, committed not yet taken, foreign,
+    ghost, free; each part titled with its size in GiB."""
+    o = view.owners
+    parts = [
+        ("ours", o.ours_bytes, "ours: " + ", ".join(view.labels.get(i, f"#{i}") for i in o.ours)),
+        ("committed", view.waiting_bytes, f"committed by {view.reserved}, not taken yet"),
+        ("foreign", o.foreign_bytes, "foreign: " + ", ".join(f"PID {f.pid}" for f in o.foreign)),
+        ("ghost", o.ghost_bytes, "ghost: held with no process"),
+    ]
+    return _stacked(parts, o.total_bytes, "GiB")
+
+
+@register.inclusion_tag("nodes/_stacked_bar.html")
+def host_share_bar(share: HostShare) -> dict[str, object]:
+    """Host RAM as one stacked bar: committed by launches, used besides, free (GB)."""
+    parts = [
+        ("committed", share.committed_bytes, "committed by launches (their host pools)"),
+        ("used", share.used_bytes, "used besides the launches' commitments"),
+    ]
+    return _stacked(parts, share.total_bytes, "GB")
+
+
+def _stacked(parts: list[tuple[str, int, str]], total: int, unit: str) -> dict[str, object]:
+    shown = [
+        {
+            "kind": kind,
+            "percent": round(min(100.0, 100 * size / total), 2) if total else 0,
+            "title": f"{title} ({format_bytes(size, unit)})",
+            "bytes": size,
+        }
+        for kind, size, title in parts
+        if size > 0
+    ]
+    used = sum(p["bytes"] for p in shown)  # type: ignore[misc]
+    free = max(0, total - used)
+    summary = ", ".join(f"{p['kind']} {format_bytes(int(p['bytes']), unit)}" for p in shown)
+    label = (summary + ", " if summary else "") + f"free {format_bytes(free, unit)}"
+    return {"parts": shown, "label": f"{label} of {format_bytes(total, unit)}"}
+
+
+@register.filter
+def get_item(mapping: Any, key: Any) -> Any:
+    """``mapping[key]`` in a template (None when absent)."""
+    return mapping.get(key) if isinstance(mapping, dict) else None

@@ -18,7 +18,7 @@ from nodes.forms.inventory import CredentialForm, NodeForm
 from nodes.models import AuditEntry, Gpu, Node, SshCredential
 from nodes.models.choices import Role
 from nodes.queue import QueueUnavailable, send
-from nodes.services import teams
+from nodes.services import fleet, teams
 from nodes.services.audit import record
 from nodes.services.credentials import create_credential, delete_credential
 from nodes.services.hostkeys import offer_host_key, trust_host_key
@@ -36,6 +36,14 @@ def _nodes_with_gpus() -> list[Node]:
 def node_list(request: HtmxHttpRequest) -> HttpResponse:
     template = "nodes/node_list.html#node-table" if request.htmx else "nodes/node_list.html"
     return render(request, template, {"nodes": _nodes_with_gpus()})
+
+
+@require_GET
+@login_required
+def fleet_page(request: HtmxHttpRequest) -> HttpResponse:
+    """Every node's GPUs and host RAM by owner, from the database; polls itself."""
+    template = "nodes/fleet.html#fleet-bars" if request.htmx else "nodes/fleet.html"
+    return render(request, template, {"views": fleet.fleet(request.user)})
 
 
 @require_GET
@@ -66,6 +74,7 @@ def node_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "launches": launches[:10],
         "team_only_gpus": team_only_gpus,
         "task_id": None,
+        "owners": {g.owners.index: g for g in fleet.node_view(node, user).gpus},
     }
     return render(request, "nodes/node_detail.html", context)
 

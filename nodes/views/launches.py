@@ -45,7 +45,7 @@ from nodes.live import channel
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, send
-from nodes.services import bundle_uploads, bundles, fixes
+from nodes.services import bundle_uploads, bundles, fixes, placement
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
@@ -127,21 +127,43 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
         for key in ("revision", "adhoc_revision", "node", "gpus", "port", "command"):
             if request.GET.get(key):
                 initial[key] = request.GET[key]
+        placed = _placed(initial, request.user)
         form = LaunchForm(initial=initial, user=request.user)
-    return render(
-        request, "nodes/launch_form.html", {"form": form, "preset": _preset(form, request.user)}
-    )
+        context = {"form": form, "preset": _preset(form, request.user), "placed": placed}
+        return render(request, "nodes/launch_form.html", context)
+    context = {"form": form, "preset": _preset(form, request.user)}
+    return render(request, "nodes/launch_form.html", context)
+
+
+def _placed(initial: dict[str, Any], user: Any) -> placement.Placement | None:
+    """Where the revision the form opens with fits now; the best node and GPUs preselected
+    (in ``initial``) unless the link chose a node."""
+    pk = initial.get("adhoc_revision") or initial.get("revision")
+    revision = _visible_revision(pk, user)
+    if revision is None:
+        return None
+    found = placement.place(revision, user)
+    if found.candidates and "node" not in initial:
+        best = found.candidates[0]
+        initial["node"] = Node.objects.get(name=best.node).pk
+        initial.setdefault("gpus", ",".join(str(i) for i in best.gpus))
+    return found
+
+
+def _visible_revision(pk: Any, user: Any) -> ProfileRevision | None:
+    try:
+        return ProfileRevision.objects.select_related("profile").get(
+            pk=int(pk), profile__in=visible_profiles(user)
+        )
+    except (TypeError, ValueError, OverflowError, ProfileRevision.DoesNotExist):
+        return None
 
 
 def _preset(form: LaunchForm, user: Any) -> dict[str, str] | None:
     """The revision the form launches, spelled out (masked) when it is not in the choices
     shown: an ad-hoc command's revision, or one just saved from a diagnosis's fix."""
-    pk = form["adhoc_revision"].value() or form["revision"].value()
-    try:
-        revision = ProfileRevision.objects.select_related("profile").get(
-            pk=int(pk), profile__in=visible_profiles(user)
-        )
-    except (TypeError, ValueError, ProfileRevision.DoesNotExist):
+    revision = _visible_revision(form["adhoc_revision"].value() or form["revision"].value(), user)
+    if revision is None:
         return None
     masked = redact_args(list(revision.args))
     return {

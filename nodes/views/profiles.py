@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
 
@@ -23,6 +24,7 @@ from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.forms.profiles import ProfileForm, data_from_command
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.models.choices import Role
+from nodes.services import placement, teams
 from nodes.services.audit import record
 from nodes.services.model_facts import model_facts, model_of
 from nodes.services.profiles import (
@@ -155,9 +157,14 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
 
 
-def _checked(form: ProfileForm, *, read_node: bool = True, wait: float = 0) -> dict[str, Any]:
-    """The budget panel's context for a bound, valid form; with ``read_node`` false nothing
-    runs on the node (the model is read from a pasted config.json only)."""
+def _checked(
+    form: ProfileForm, user: Any, *, read_node: bool = True, wait: float = 0
+) -> dict[str, Any]:
+    """The budget panel's context for a bound, valid form: the budget on the node as it would
+    be for this revision's own launch (what saving checks), and apart from it whether it could
+    start there now beside what runs (``now``: a placement ``Candidate`` or ``Refused``, as
+    ``user`` may read it). With ``read_node`` false nothing runs on the node (the model is read
+    from a pasted config.json only)."""
     node = form.cleaned_data["node"]
     data = form.cleaned_data
     model = model_facts(
@@ -169,7 +176,9 @@ def _checked(form: ProfileForm, *, read_node: bool = True, wait: float = 0) -> d
     command = shlex.join(
         [*shown, "python3", "-m", "sglang.launch_server", *redact_args(form.args())]
     )
-    return {"report": report, "model": model, "node": node, "command": command}
+    now = placement.on_node(node, form.args(), env, model)
+    now = replace(now, reasons=teams.mask_launch_ids(user, now.reasons))
+    return {"report": report, "model": model, "node": node, "command": command, "now": now}
 
 
 @require_POST
@@ -182,7 +191,9 @@ def profile_check(request: HtmxHttpRequest) -> HttpResponse:
     polls = int(text) if re.fullmatch(r"[0-9]{1,4}", text) else 0
     context: dict[str, Any] = {"form": form, "polls": polls + 1}
     if form.is_valid():
-        context.update(_checked(form, read_node=has_role(request.user, Role.OPERATOR)))
+        context.update(
+            _checked(form, request.user, read_node=has_role(request.user, Role.OPERATOR))
+        )
         # The panel asks again while the model is being read, for about a minute at most.
         context["stalled"] = context["model"].pending and polls >= MODEL_POLLS
     return render(request, "nodes/profile_form.html#budget-panel", context)
@@ -372,7 +383,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
             data, context["clone_note"] = cloned
             form = ProfileForm({k: v for k, v in data.items() if v not in (None, "")})
             if form.is_valid():
-                context.update(_checked(form))
+                context.update(_checked(form, request.user))
             return render(
                 request, "nodes/profile_form.html", {**context, "form": ProfileForm(initial=data)}
             )
@@ -382,7 +393,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
             # A new revision starts from the last one, checked already.
             form = ProfileForm({k: v for k, v in initial.items() if v not in (None, "")})
             if form.is_valid():
-                context.update(_checked(form))
+                context.update(_checked(form, request.user))
             form = ProfileForm(initial=initial)
         else:
             form = ProfileForm(initial=initial)
@@ -405,7 +416,9 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
     if form.is_valid():
         saving = request.POST.get("action") == "save"
         context.update(
-            _checked(form, wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS if saving else 0)
+            _checked(
+                form, request.user, wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS if saving else 0
+            )
         )
         if saving and form.cleaned_data["pasted_command"].strip():
             # What is saved is what the fields show: a pasted command is never dropped silently.

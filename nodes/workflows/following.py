@@ -43,7 +43,14 @@ from nodes.models.choices import (
 )
 from nodes.queue import later
 from nodes.remote import client as agent
-from nodes.services import calibrations, hostkeys, launch_state, notifications, teardown
+from nodes.services import (
+    calibrations,
+    commitments,
+    hostkeys,
+    launch_state,
+    notifications,
+    teardown,
+)
 from nodes.services.credentials import target_for
 from nodes.services.launch_flags import flags_for
 from nodes.services.launch_state import known_good_due
@@ -61,6 +68,8 @@ STATUS_EVERY_READY_S = 5.0
 WATCH_QUIET_S = 30.0
 
 HEALTH_FAILURES_TOLERATED = 3
+#: Start-up phases that come after SGLang allocated its host pools (logparse's order).
+PINNED_BY = ("warmup", "ready")
 
 HEALTH_TIMEOUT_S = 25.0  # SGLang's /health waits up to 20 s for a generation (§5)
 
@@ -388,6 +397,9 @@ class Follower:
         publish(self.launch_id, self.seq)
 
     def _loading(self, launch: Launch) -> None:
+        if self.progress.phase in PINNED_BY:
+            # Its host pools are allocated: MemAvailable counts them from now on.
+            commitments.mark_pinned(self.launch_id)
         if self.progress.phase:
             launch_state.transition(
                 self.launch_id, LaunchStatus.LOADING, frm=[LaunchStatus.STARTING]

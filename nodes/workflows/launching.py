@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import re
 import secrets as pysecrets
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -31,12 +32,12 @@ from nodes.models.choices import (
 )
 from nodes.queue import QueueUnavailable, enqueue, later
 from nodes.remote import client as agent
-from nodes.services import launch_state, quarantines, readings, teams, teardown
+from nodes.services import commitments, launch_state, quarantines, readings, teams, teardown
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.launch_flags import args_of, flags_for, masked
 from nodes.services.model_facts import ModelFacts, model_facts
-from nodes.services.profiles import env_problems, evaluate, input_problem
+from nodes.services.profiles import env_problems, evaluate, input_problem, node_memory
 from nodes.services.reservations import release, reserve
 from nodes.types import Actor
 
@@ -173,6 +174,7 @@ def create(
     chosen = _gpus_for(node, flags, gpus)
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
+        commitments.lock(node)  # the node's ledger: one launch at a time takes its room
         launch = Launch.objects.create(
             revision=revision,
             node=node,
@@ -184,13 +186,19 @@ def create(
         )
         launch.remote_dir = f"{REMOTE_ROOT}/{launch.pk}-{pysecrets.token_hex(4)}"
         reserved = reserve(launch, chosen, plan.ports_needed(flags))
-        launch.checks = [reserved.to_json()]
+        taken: list[plan.Check | None] = [reserved, _commit(launch) if reserved.passed else None]
+        blocking = next((c for c in taken if c is not None and not c.passed), None)
+        launch.checks = [c.to_json() for c in taken if c is not None]
         launch.save(update_fields=["remote_dir", "checks"])
-        if not reserved.passed:
-            reason = f"pre-flight refused: {reserved.detail}"
+        if blocking is not None:
+            detail = blocking.detail if blocking is reserved else f"budget: {blocking.detail}"
             launch_state.transition(
-                launch.pk, LaunchStatus.BLOCKED, actor_name=author, reason=reason
+                launch.pk,
+                LaunchStatus.BLOCKED,
+                actor_name=author,
+                reason=f"pre-flight refused: {detail}",
             )
+            release(launch)
             launch.refresh_from_db()
         record(
             "launch.create",
@@ -209,6 +217,24 @@ def create(
                 "nodes.start_launch", launch.pk, unavailable=lambda exc: _not_started(launch, exc)
             )
     return launch
+
+
+def _commit(launch: Launch) -> plan.Check | None:
+    """Take the launch's commitment beside the others on its node (its host pools as its
+    flags size them; the model is read at pre-flight); a ``budget`` check that fails when its
+    host pools do not fit beside them (unless the budget check is overridden)."""
+    memory = replace(
+        node_memory(launch.node), neighbours=commitments.neighbours(launch.node, launch)
+    )
+    unread = ModelFacts(None, None, "read at pre-flight")
+    report = evaluate(
+        args_of(launch), launch.node, unread, env=dict(launch.revision.env or {}), memory=memory
+    )
+    commitments.take(launch, report)
+    full = next((m for m in report.messages if m.code == "host_oom"), None)
+    if full is None or not memory.neighbours or "budget" in (launch.overrides or {}):
+        return None
+    return plan.Check("budget", False, full.text)
 
 
 def _checked_overrides(overrides: dict[str, str] | None) -> dict[str, str]:
@@ -439,7 +465,14 @@ def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str
         gpu_names=tuple(g.name for g in chosen),
     )
     model = model_facts(launch.node, str(flags.get("model_path", default="") or ""))
-    return evaluate(args_of(launch), launch.node, model, version, flags.env, memory)
+    # Beside the other launches on the node, as committed now; this one's commitment follows
+    # what pre-flight just found (the model read, the node's memory).
+    with transaction.atomic():
+        commitments.lock(launch.node)
+        memory = replace(memory, neighbours=commitments.neighbours(launch.node, launch))
+        report = evaluate(args_of(launch), launch.node, model, version, flags.env, memory)
+        commitments.take(launch, report)
+    return report
 
 
 def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetReport) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nodes.domain.budget import NodeMemory, check
+from nodes.domain.budget import Neighbour, NodeMemory, check
 from nodes.domain.geometry import from_config, kv_bytes_per_token
 from nodes.domain.sglang_flags import parse_command, split_command, table_for
 from nodes.flag_tables import table
@@ -368,3 +369,27 @@ def test_a_busy_gpu_elsewhere_on_the_node_does_not_shrink_a_smaller_launch():
     assert run(command, busy, **model).verdict == run(command, NODE, **model).verdict == "ok"
     assert "− 0 GiB used" in text(run(command, busy, **model))
     assert "− 80 GiB used" in text(run(command.replace("2", "8"), busy, **model))
+
+
+def test_other_launches_on_the_node_count_and_are_named():
+    """The issue's experiment: two llama-3-70b launches at TP 4 with 105 GB per rank on one
+    449 GB node, the first committed and not yet pinned: the second does not fit beside it."""
+    flags = parse_command(
+        split_command(
+            "python3 -m sglang.launch_server --model-path /m --tp-size 4 "
+            "--enable-hierarchical-cache --hicache-size 105"
+        )[0],
+        table("0.5.9"),
+    )
+    alone = NodeMemory((96 * GiB,) * 4, 449 * GB, mem_available_bytes=440 * GB)
+    assert check(flags, alone, version="0.5.9").verdict != "block"
+    first = Neighbour("#12 (llama@1)", 420 * GB, pinned=False)
+    beside = replace(alone, neighbours=(first,))
+    report = check(flags, beside, version="0.5.9")
+    assert report.verdict == "block"
+    assert any("#12 (llama@1)" in line and "not yet pinned" in line for line in report.lines)
+    assert any("beside launch #12 (llama@1) (420 GB)" in m.text for m in report.messages)
+    assert any("420 GB for launch #12 (llama@1), not yet pinned" in line for line in report.lines)
+    # Once the first has pinned its pool, MemAvailable already counts it: not counted twice.
+    pinned = replace(alone, mem_available_bytes=20 * GB, neighbours=(replace(first, pinned=True),))
+    assert check(flags, pinned, version="0.5.9").host_budget_bytes == max(0, 20 * GB - 10 * GiB)

@@ -719,3 +719,76 @@ def test_an_oom_in_older_wording_where_this_process_holds_the_card_keeps_its_cat
         + "\n"
     )
     assert diagnose(graph, {}, {"mem_fraction_static": 0.9}).category == "gpu-oom-cuda-graph"
+
+
+def _beside_another(**where: object) -> tuple[str, dict]:
+    """The issue-17 experiment without the ledger: two llama-3-70b launches at TP 4 with
+    ``--hicache-size 105`` on GPUs 0–3 and 4–7 of one 449 GB node. Each passed alone against
+    433.8 GB available; this one pinned its pools second and the kernel OOM-killed a rank.
+    ``where`` says the other launch: ``extra`` (the panel's facts) and/or ``notes``."""
+    log = "\n".join(
+        [
+            "[2026-12-01 10:00:00] server_args=ServerArgs(model_path='/srv/models/llama-3-70b', "
+            "tp_size=4, enable_hierarchical_cache=True, hicache_size=105, ...)",
+            *(
+                f"[2026-12-01 10:04:00 TP{r}] Allocating 105.00 GB host memory for hierarchical "
+                "KV cache."
+                for r in range(4)
+            ),
+        ]
+    )
+    after: dict = {
+        "phase": "after_failure",
+        "kernel_log": ["Out of memory: Killed process 4242 (sglang::schedul) total-vm:1kB"],
+        "notes": list(where.get("notes") or []),
+    }
+    facts = {
+        "node": {"name": "gpu-01", "host_ram_bytes": 449 * 10**9,
+                 "gpus": [{"index": i, "memory_total_bytes": 96 * 2**30} for i in range(8)]},
+        "command": ["python3", "-m", "sglang.launch_server", "--tp-size", "4",
+                    "--enable-hierarchical-cache", "--hicache-size", "105"],
+        "env": {"CUDA_VISIBLE_DEVICES": "4,5,6,7"},
+        "snapshots": [
+            {"phase": "before_launch", "meminfo": {"MemAvailable": 433_800_000_000}}, after
+        ],
+        "extra": {k: v for k, v in where.items() if k != "notes"},
+    }  # fmt: skip
+    return log, facts
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        {
+            "other_launches_on_node": [
+                {"label": "#12 (llama@1)", "host_bytes": 420 * 10**9, "pinned": True}
+            ]
+        },  # fmt: skip
+        {
+            "notes": [
+                "other launches on the node with host memory committed: "
+                "#12 (llama@1) 420 GB (pinned)"
+            ]
+        },  # fmt: skip
+    ],
+    ids=["panel-facts", "plain-words"],
+)
+def test_a_host_oom_beside_another_launch_names_it_and_its_share(where):
+    log, facts = _beside_another(**where)
+    found = diagnose(log, facts, {"tp_size": 4, "hicache_size": 105})
+    assert found.category == "host-oom-hicache"
+    assert "#12 (llama@1)" in found.summary and "420" in found.summary, found.summary
+    assert "840" in found.summary and "449" in found.summary, found.summary
+    assert "GPU share" not in found.summary, found.summary
+    assert found.numbers["other_launches_gb"] == 420
+    assert found.numbers["node_aggregate_gb"] == 840
+    # What fits beside the other launch: (449 − 10.74 − 420) / 4 ranks → 4 GB per rank.
+    assert found.numbers["suggested_hicache_size_gb"] == 4
+    assert "#12 (llama@1)" in found.remedy, found.remedy
+
+
+def test_a_host_oom_with_no_other_launch_said_keeps_the_gpu_share():
+    log, facts = _beside_another()
+    found = diagnose(log, facts, {"tp_size": 4, "hicache_size": 105})
+    assert found.category == "host-oom-hicache"
+    assert "other_launches_gb" not in found.numbers

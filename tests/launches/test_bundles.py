@@ -16,7 +16,7 @@ from nodes.models import Launch, LaunchLogLine, LaunchProfile, ProfileRevision
 from nodes.models.choices import LaunchStatus
 from nodes.services import bundles
 from nodes.services.bundles import read_bundle
-from tests.factories import make_failed, make_node
+from tests.factories import make_failed, make_node, pool_lines
 
 pytestmark = pytest.mark.django_db
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
@@ -209,3 +209,23 @@ def test_a_bundle_does_not_describe_another_team_s_team_only_process(failed_laun
     after = bundles.facts_of(failed_launch)["snapshots"][-1]
     names = {p["pid"]: p["name"] for p in after["gpu_processes"]}
     assert names == {934: "a team-only launch's process", 935: "python3 train.py"}
+
+
+def test_a_host_oom_beside_another_launch_is_diagnosed_naming_it():
+    """What the failure snapshot kept of the node's other launches reaches the bundle (in the
+    panel's facts and in words) and the diagnosis: their pools and this one's together."""
+    node = make_node("gpu-01", sglang_version="0.5.9", host_ram_bytes=449 * 10**9)
+    neighbours = [{"label": "#12 (llama@1)", "host_bytes": 420 * 10**9, "pinned": True}]
+    snapshot = {**SNAPSHOT, "neighbours": neighbours}
+    args = ["--model-path", "/m", "--tp-size", "4", "--enable-hierarchical-cache",
+            "--hicache-size", "105"]  # fmt: skip
+    launch = make_failed(node, args, pool_lines(105, ranks=4), snapshot=snapshot)
+    facts = bundles.facts_of(launch)
+    assert facts["extra"]["other_launches_on_node"] == neighbours
+    notes = facts["snapshots"][-1]["notes"]
+    assert (
+        "other launches on the node with host memory committed: #12 (llama@1) 420 GB (pinned)"
+        in notes
+    )
+    assert launch.diagnosis["category"] == "host-oom-hicache"
+    assert "420 GB + #12 (llama@1) 420 GB = 840 GB > 449 GB" in launch.diagnosis["summary"]

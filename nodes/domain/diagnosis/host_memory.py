@@ -13,10 +13,13 @@ from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, GiB, Hi
 from nodes.domain.diagnosis.host_pools import (
     HOST_RESERVE_GB,
     HostPools,
+    Neighbour,
     _available_before,
     _host_pool_source,
     _host_pools,
     _host_share,
+    neighbours,
+    said,
 )
 
 PRECHECK = re.compile(
@@ -74,6 +77,11 @@ class PoolsOverHost:
     tp: int
     fits: int
     meant: int
+    others: tuple[Neighbour, ...] = ()
+
+    @property
+    def others_gb(self) -> float:
+        return round(sum(n.gb for n in self.others), 2)
 
 
 def _pools_over_host(bundle: Bundle) -> PoolsOverHost | None:
@@ -82,8 +90,15 @@ def _pools_over_host(bundle: Bundle) -> PoolsOverHost | None:
         return None
     ram, before = bundle.host_ram_gb(), _available_before(bundle)
     limit = before if before is not None else ram
-    if limit is None or found.total <= limit:
+    others = tuple(neighbours(bundle))
+    beside = sum(n.gb for n in others)
+    if others and ram is not None and found.total <= (limit or ram) < found.total + beside:
+        # Each launch fitted alone; together the node's pools exceed what it has.
+        limit, before = ram, None
+    elif limit is None or found.total <= limit:
         return None
+    else:
+        others, beside = (), 0.0
     ranks, first = found.ranks, found.pools[0]
     return PoolsOverHost(
         found,
@@ -91,8 +106,9 @@ def _pools_over_host(bundle: Bundle) -> PoolsOverHost | None:
         before,
         limit,
         tp=bundle.count("tp_size", "tensor_parallel_size", default=ranks),
-        fits=math.floor((limit - HOST_RESERVE_GB) / ranks - (found.each - first)),
+        fits=math.floor((limit - HOST_RESERVE_GB - beside) / ranks - (found.each - first)),
         meant=math.floor(first / ranks),
+        others=others,
     )
 
 
@@ -109,6 +125,8 @@ def _pools_over_host_diagnosis(bundle: Bundle, found: PoolsOverHost) -> Diagnosi
     for snapshot in bundle.facts.get("snapshots") or []:
         for line in (snapshot.get("kernel_log") or [])[:3]:
             evidence.append(Evidence(str(line)[:300], None, "snapshot"))
+    if found.others:
+        return _beside_others_diagnosis(found, evidence)
     return Diagnosis(
         category="host-oom-hicache",
         summary=_pools_over_host_summary(found),
@@ -120,6 +138,37 @@ def _pools_over_host_diagnosis(bundle: Bundle, found: PoolsOverHost) -> Diagnosi
         ),
         evidence=evidence,
         numbers=_pools_over_host_numbers(found),
+    )
+
+
+def _beside_others_diagnosis(found: PoolsOverHost, evidence: list[Evidence]) -> Diagnosis:
+    """Host pools that fitted alone but not beside the other launches' on the node."""
+    pools, others = found.pools, said(list(found.others))
+    total = round(pools.total + found.others_gb, 2)
+    fits = (
+        f"beside them this launch fits with --hicache-size at most {found.fits} GB per rank"
+        if found.fits > 0
+        else "no --hicache-size fits beside them"
+    )
+    return Diagnosis(
+        category="host-oom-hicache",
+        summary=(
+            f"host RAM exhausted by the host pools of the launches on this node together: this "
+            f"one's {pools.ranks} ranks x {_fmt(pools.each)} GB = {_fmt(pools.total)} GB + "
+            f"{others} = {_fmt(total)} GB > {_fmt(found.limit)} GB host RAM; each was checked "
+            "alone against the memory available before it pinned"
+        ),
+        remedy=(
+            f"the launches on a node share its host RAM: {fits} (--hicache-size is per rank); "
+            f"or start it on another node, or once {', '.join(n.label for n in found.others)} "
+            f"{'has' if len(found.others) == 1 else 'have'} ended"
+        ),
+        evidence=evidence,
+        numbers={
+            **_pools_over_host_numbers(found),
+            "other_launches_gb": found.others_gb,
+            "node_aggregate_gb": total,
+        },
     )
 
 

@@ -22,6 +22,49 @@ HOST_POOL = re.compile(
 PREFIX_RANK = re.compile(r"^\[[^\]]*?\b(?P<rank>(?:DP\d+[_ ])?TP\d+)\b")
 
 
+#: The panel's plain words for the other launches on the node (``bundle.py``), as a person
+#: would write them too: "other launches on the node …: #12 (llama@1) 420 GB (pinned), …".
+NEIGHBOURS_NOTE = re.compile(
+    r"(?i)\bother (?:launches|servers) on (?:the|this) node\b[^:]*:(?P<rest>.*)"
+)
+NEIGHBOUR = re.compile(r"(?P<label>#\d+ \([^()]*\)|[\w.@-]+) (?P<gb>\d[\d,]*(?:\.\d+)?) GB\b")
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """Another launch on the same node and the host memory it pins (GB, decimal)."""
+
+    label: str
+    gb: float
+
+
+def neighbours(bundle: Bundle) -> list[Neighbour]:
+    """The other launches on the node with host pools of their own: the panel's facts
+    (``extra.other_launches_on_node``: ``[{"label", "host_bytes", "pinned"}]``), else a
+    snapshot note that lists them in words. Their pools and this one's share the host RAM."""
+    rows = (bundle.facts.get("extra") or {}).get("other_launches_on_node")
+    if isinstance(rows, list):
+        found = [
+            Neighbour(str(r.get("label") or "another launch"), r["host_bytes"] / 1e9)
+            for r in rows
+            if isinstance(r, dict) and isinstance(r.get("host_bytes"), int | float)
+        ]
+        return [n for n in found if n.gb > 0]
+    note = bundle.note_match(NEIGHBOURS_NOTE)
+    if note is None:
+        return []
+    return [
+        Neighbour(m["label"], float(m["gb"].replace(",", "")))
+        for m in NEIGHBOUR.finditer(note["rest"])
+        if float(m["gb"].replace(",", "")) > 0
+    ]
+
+
+def said(others: list[Neighbour]) -> str:
+    """``#12 (llama@1) 420 GB + #14 (qwen@2) 140 GB``."""
+    return " + ".join(f"{n.label} {_fmt(n.gb)} GB" for n in others)
+
+
 def _available_before(bundle: Bundle) -> float | None:
     """MemAvailable (GB) in the last snapshot taken before the launch, if any."""
     for snapshot in reversed(bundle.facts.get("snapshots") or []):
@@ -136,14 +179,18 @@ BUDGET_NOTE = re.compile(r"(?i)\bbudget\b[^:.]*:\s*(?P<gb>\d[\d,]*(?:\.\d+)?)\s*
 
 
 def _host_share(bundle: Bundle) -> tuple[float, str] | None:
-    """This server's share of the host RAM in GB: a budget stated for it, else the node's RAM
-    × the fraction of the node's GPUs it uses (neighbours on the other GPUs get theirs)."""
+    """This server's share of the host RAM in GB: a budget stated for it, else what the other
+    launches on the node leave of its RAM when they are known, else the node's RAM × the
+    fraction of the node's GPUs it uses (neighbours on the other GPUs get theirs)."""
     note = bundle.note_match(BUDGET_NOTE)
     if note is not None:
         return float(note["gb"].replace(",", "")), "this server's host budget"
     ram = bundle.host_ram_gb()
     if ram is None:
         return None
+    if others := neighbours(bundle):
+        left = max(0.0, ram - sum(n.gb for n in others))
+        return left, f"what {said(others)} leave of the {_fmt(ram)} GB host"
     node_gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
     used = bundle.tp() * bundle.count("pp_size", "pipeline_parallel_size")
     if not bundle.setting("enable_dp_attention"):
