@@ -29,7 +29,7 @@ from nodes.models.choices import (
     NodeStatus,
 )
 from nodes.remote import client as agent
-from nodes.services import hostkeys, quarantines
+from nodes.services import commitments, hostkeys, quarantines
 from nodes.services.credentials import target_for
 
 log = logging.getLogger(__name__)

@@ -105,6 +105,7 @@ def test_the_schema_and_docs_are_public_and_the_docs_need_no_cdn(client):
         "/api/profiles/validate",
         "/api/profiles/export",
         "/api/profiles/import",
+        "/api/profiles/{name}/placement",
         "/api/launches",
         "/api/launches/{launch_id}/log",
         "/api/launches/{launch_id}/stop",

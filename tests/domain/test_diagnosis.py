@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -740,7 +741,7 @@ def _beside_another(**where: object) -> tuple[str, dict]:
     after: dict = {
         "phase": "after_failure",
         "kernel_log": ["Out of memory: Killed process 4242 (sglang::schedul) total-vm:1kB"],
-        "notes": list(where.get("notes") or []),
+        "notes": list(cast(list[str], where.get("notes") or [])),
     }
     facts = {
         "node": {"name": "gpu-01", "host_ram_bytes": 449 * 10**9,

@@ -179,7 +179,8 @@ def test_placement_passes_over_a_gpu_a_foreign_process_holds_and_says_why(incide
 def test_an_escaped_rank_is_reported_within_one_heartbeat(stuck, olga, launch_workers):
     """The server of a launch is killed; its ranks, frozen while unpinning (the stuck-on-kill
     fault), are re-parented and go on holding both GPUs after the launch ended ``failed``: the
-    next heartbeat raises a node event naming the launch, its GPU and the process."""
+    next heartbeat raises a node event naming the launch, its GPU and the process; its host
+    memory stays committed until a heartbeat after the node's reboot finds the ranks gone."""
     launch = launching.submit(
         node=stuck, command=f"{QWEN} --mem-fraction-static 0.5 {HICACHE} 40", actor=olga
     )
@@ -197,5 +198,10 @@ def test_an_escaped_rank_is_reported_within_one_heartbeat(stuck, olga, launch_wo
         # Once: the next heartbeat does not say it again.
         discovery.heartbeat_sweep(timeout=10)
         assert NodeEvent.objects.filter(node=stuck, kind="escaped").count() == len(said)
+        # Its host memory stays committed while its ranks live, and comes back with them.
+        assert Commitment.objects.filter(launch=launch, released__isnull=True).exists()
+        stuck.sim.reboot()
+        discovery.heartbeat_sweep(timeout=10)
+        assert not Commitment.objects.filter(launch=launch, released__isnull=True).exists()
     finally:
         stuck.sim.reboot()
