@@ -7,40 +7,18 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 from typing import cast
 
 import pytest
 
 from nodes.domain.diagnosis import diagnose
-from nodes.domain.sglang_flags import parse_command, split_command
-from nodes.flag_tables import table
+from tests.cases import CORPUS, case_ids, flags_of, run, states
 
-CASES = Path(__file__).resolve().parents[1] / "fixtures" / "cases"
-
-
-def flags_of(facts: dict) -> dict:
-    argv, _ = split_command(list(facts.get("command") or []))
-    return parse_command(argv, table(facts.get("engine_version") or "0.5.9")).values
-
-
-def run(case: Path):
-    facts = json.loads((case / "facts.json").read_text())
-    return diagnose((case / "launch.log").read_text(), facts, flags_of(facts))
-
-
-def states(summary: str, value: float | str | list) -> bool:
-    """The summary names ``value`` (as printed, rounded the way a person would)."""
-    if isinstance(value, list):
-        return all(states(summary, v) for v in value)
-    if isinstance(value, str):
-        return value in summary
-    shown = [float(n) for n in re.findall(r"-?\d+(?:\.\d+)?", summary)]
-    return any(abs(n - value) <= max(0.011, abs(value) * 0.001) for n in shown)
+CASES = CORPUS
 
 
 def corpus() -> list[str]:
-    return sorted(p.name for p in CASES.iterdir() if p.is_dir())
+    return case_ids(CORPUS)
 
 
 @pytest.mark.parametrize("name", corpus())

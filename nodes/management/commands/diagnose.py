@@ -1,8 +1,12 @@
 """``manage.py diagnose BUNDLE [--json]``: why a launch failed, from a bundle folder or archive.
 
 Exit 0 with the diagnosis; with ``--json`` stdout holds only ``{"category",
-"secondary_categories", "summary", "evidence", "remedy", "numbers"}``. Exit 2 when BUNDLE is
-not a readable ``rankwise-case/1`` bundle.
+"secondary_categories", "summary", "evidence", "remedy", "numbers", "change"}``. ``change`` is
+the suggested flags as an object (``{"--hicache-size": 37, "--mem-fraction-static": 0.69}``:
+keys as spelled on the command line, a JSON number where the flag takes one, ``true`` for a
+switch to add, ``null`` to drop a flag and its argument), computed with the budget arithmetic on
+the bundle's node and checked by it (``services.bundle_fix``); ``null`` when there is none.
+Exit 2 when BUNDLE is not a readable ``rankwise-case/1`` bundle.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from django.core.management.base import CommandError, CommandParser
 
 from nodes.domain.bundle import BundleError
 from nodes.domain.redact import mask_assignments
+from nodes.domain.remedy import describe
 from nodes.management.cli import OneLineCommand
+from nodes.services.bundle_fix import change_of
 from nodes.services.bundles import diagnose_bundle, read_bundle
 
 
@@ -32,7 +38,9 @@ class Command(OneLineCommand):
             raise CommandError(str(exc), returncode=2) from None
         except OSError as exc:
             raise CommandError(f"{options['bundle']}: {exc.strerror}", returncode=2) from None
-        doc = diagnose_bundle(log, facts).to_json()
+        found = diagnose_bundle(log, facts)
+        doc = found.to_json()
+        doc["change"] = change_of(found, facts)
         # Evidence quotes the log, which may spell out secrets (HF_TOKEN=…, --api-key …).
         doc["summary"] = mask_assignments(doc["summary"])
         for item in doc["evidence"]:
@@ -42,6 +50,8 @@ class Command(OneLineCommand):
             return
         self.stdout.write(f"{doc['category']}: {doc['summary']}")
         self.stdout.write(f"fix: {doc['remedy']}")
+        if doc["change"]:
+            self.stdout.write(f"change: {describe(doc['change'])}")
         for item in doc["evidence"]:
             where = f"line {item['line']}" if item["line"] else item["source"]
             self.stdout.write(f"  {where}: {item['text']}")
