@@ -13,6 +13,8 @@ from datetime import datetime
 from functools import cached_property
 from typing import Any
 
+from nodes.domain.diagnosis.plain_words import asserted
+
 GiB = 2**30
 
 #: One line a pattern found: its 1-based number in the log and the match (``Log.find``).
@@ -166,6 +168,11 @@ def _class_end(source: str, start: int) -> int:
     return len(source)
 
 
+@functools.cache
+def _engine_arg(name: str) -> re.Pattern[str]:
+    return re.compile(rf"\b{name}['\"]?(?:=|: | \()['\"]?(?P<value>[\w.+-]+)")
+
+
 @dataclass
 class Bundle:
     """What a rule reads: the log, the facts document, and the command's flags by dest."""
@@ -210,6 +217,37 @@ class Bundle:
             value = next((args[d] for d in dests if args.get(d) is not None), None)
         return value
 
+    @property
+    def vllm(self) -> bool:
+        """Whether the bundle is of vLLM (``facts.engine``, else a ``vllm`` command)."""
+        engine = self.facts.get("engine")
+        if isinstance(engine, str) and engine:
+            return engine.lower() == "vllm"
+        return any("vllm" in str(w) for w in (self.facts.get("command") or [])[:4])
+
+    def engine_value(self, name: str) -> str | None:
+        """A setting by its Python name (``gpu_memory_utilization``) as the command spells it
+        (``--gpu-memory-utilization 0.9`` or ``=0.9``), else as the log prints the engine's
+        arguments (vLLM's ``args: Namespace(…)``, ``non-default args: {…}``, ``name (0.98)``);
+        the text, or ``None``. For settings SGLang's flag table does not parse (vLLM's)."""
+        option = "--" + name.replace("_", "-")
+        command = [str(a) for a in self.facts.get("command") or []]
+        for i, word in enumerate(command):
+            if word == option and i + 1 < len(command):
+                return command[i + 1]
+            if word.startswith(option + "="):
+                return word.split("=", 1)[1]
+        hit = self.log.first(_engine_arg(name))
+        return hit[1]["value"] if hit else None
+
+    def engine_number(self, name: str) -> float | None:
+        """``engine_value`` as a number, or ``None``."""
+        try:
+            value = float(self.engine_value(name) or "nan")
+        except ValueError:
+            return None
+        return value if math.isfinite(value) else None
+
     def given(self, option: str) -> bool:
         """Whether the command spells ``option`` out (a default was not just applied)."""
         command = [str(a) for a in self.facts.get("command") or []]
@@ -232,6 +270,10 @@ class Bundle:
         value = self.count("tp_size", "tensor_parallel_size", default=0)
         if value:
             return value
+        if self.vllm:
+            size = self.engine_number("tensor_parallel_size")
+            if size is not None and size >= 1:
+                return int(size)
         tags = [int(n) for line in self.log.lines for n in RANK_TAG.findall(_prefix(line))]
         return max(tags) + 1 if tags else 1
 
@@ -245,7 +287,10 @@ class Bundle:
         return [s for s in self.facts.get("snapshots") or [] if isinstance(s, Mapping)]
 
     def notes(self) -> list[str]:
-        return [str(n) for s in self.snapshots() for n in s.get("notes") or []]
+        """The snapshots' notes, oldest first, each as what it asserts (``plain_words``): a
+        negated, asked or hypothetical mention of a failure is not evidence of it."""
+        found = (asserted(str(n)) for s in self.snapshots() for n in s.get("notes") or [])
+        return [n for n in found if n]
 
     def note_match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
         """The first snapshot note with ``pattern``: figures the collector wrote in words."""

@@ -17,7 +17,11 @@ from nodes.domain.diagnosis.evidence import (
     _fmt,
     _num,
 )
-from nodes.domain.diagnosis.pytorch_oom import OOM_BEFORE_2_1, oom_figures
+from nodes.domain.diagnosis.pytorch_oom import (
+    OOM_BEFORE_2_1,
+    OOM_SINCE_2_1,
+    gib_of,
+)
 
 NOT_ENOUGH_KV = re.compile(
     r"Not enough memory\. Please try to increase --mem-fraction-static|Loaded weights leave no "
@@ -123,17 +127,33 @@ def _no_kv_room_diagnosis(bundle: Bundle, found: NoKvRoom) -> Diagnosis:
     )
 
 
+# PyTorch's OOM text in any of format_size's units, on CUDA or ROCm (HIP prints the same
+# allocator text); SGLang wraps it in "Capture cuda graph failed: …" when capture raises.
 GRAPH_OOM = re.compile(
-    r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*?Tried to allocate "
-    r"(?P<tried>[\d.]+) GiB\. GPU (?P<gpu>\d+) has a total capacity of (?P<total>[\d.]+) GiB of "
-    r"which (?P<free>[\d.]+) "
-    r"GiB is free"
+    rf"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*?{OOM_SINCE_2_1.pattern}"
 )
 
 
 GRAPH_OOM_BEFORE_2_1 = re.compile(
     r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*?" + OOM_BEFORE_2_1.pattern
 )
+
+
+# Where a log is capturing graphs: SGLang's "Capture cuda graph begin" and its per-batch
+# progress, vLLM's "Capturing cudagraphs"/"Capturing CUDA graphs" and the frames of a traceback
+# raised inside capture. An OOM after one of them (and before the server is ready) is a capture
+# OOM whatever line raised it.
+CAPTURE_MARK = re.compile(
+    r"Capture (?:prefill )?(?:cuda|CUDA) graph begin|Capturing batches \(bs=|"
+    r"Capturing (?:cudagraphs|CUDA graphs?|CUDA graph shapes)|in capture_model|"
+    r"cuda_graph_runner\.py\S*, line \d+, in capture|in capture_one_batch_size"
+)
+CAPTURE_BEGIN_AVAIL = re.compile(
+    r"Capture (?:prefill )?(?:cuda|CUDA) graph begin\..*?avail mem=(?P<avail>[\d.]+ GB)"
+)
+#: vLLM's --gpu-memory-utilization when the command does not set it (vllm/config).
+VLLM_DEFAULT_UTILIZATION = 0.9
+READY_MARK = re.compile(r"The server is fired up|Application startup complete")
 
 
 CAPTURE_BS = re.compile(r"Capturing batches \(bs=(?P<bs>\d+)")
@@ -156,6 +176,7 @@ class GraphOom:
     tried: float
     total: float
     free: float
+    printed: dict[str, str]
     tp: int
     label: str | None
     mfs: float | None
@@ -164,6 +185,18 @@ class GraphOom:
     max_bs: int | None
     raised_from: int | None
     hicache: tuple[float, int] | None
+    capture_avail: str | None = None
+    util: float | None = None
+
+    @property
+    def outside_budget(self) -> float | None:
+        """vLLM: GiB its --gpu-memory-utilization leaves outside its budget, (1 − util) × total."""
+        return None if self.util is None else round((1 - self.util) * self.total, 2)
+
+    @property
+    def lower_util(self) -> float | None:
+        """vLLM: the utilization to suggest, 0.05 lower (at most 0.9)."""
+        return None if self.util is None else round(min(self.util - 0.05, 0.9), 2)
 
     @property
     def reserved(self) -> float | None:
@@ -186,17 +219,33 @@ class GraphOom:
         return self.max_bs // 2 if self.max_bs is not None else None
 
 
-def _graph_oom_sizes(bundle: Bundle) -> tuple[Hit, float, float, float] | None:
-    """The capture OOM's line and its tried, total and free GiB, in either PyTorch text."""
-    hit = bundle.log.first(GRAPH_OOM)
-    if hit is not None:
-        tried, total, free = (_num(hit[1][k]) for k in ("tried", "total", "free"))
-        return hit, tried, total, free
-    hit = bundle.log.first(GRAPH_OOM_BEFORE_2_1)
+def _graph_oom_sizes(bundle: Bundle) -> tuple[Hit, dict[str, str]] | None:
+    """The capture OOM's line and its tried, total and free sizes as printed (``"212.00 MiB"``),
+    in either PyTorch text: the OOM SGLang reports as a failed capture, else the first OOM
+    raised while capturing (after a ``CAPTURE_MARK``, before the server was ready)."""
+    hit = (
+        bundle.log.first(GRAPH_OOM)
+        or bundle.log.first(GRAPH_OOM_BEFORE_2_1)
+        or _oom_while_capturing(bundle)
+    )
     if hit is None:
         return None
-    figures = oom_figures(hit[1])
-    return hit, figures["tried"], figures["total"], figures["free"]
+    return hit, {k: hit[1][k] for k in ("tried", "total", "free")}
+
+
+def _oom_while_capturing(bundle: Bundle) -> Hit | None:
+    marks = [n for n, _ in bundle.log.find(CAPTURE_MARK)]
+    if not marks:
+        return None
+    ready = [n for n, _ in bundle.log.find(READY_MARK)]
+    for hit in sorted([*bundle.log.find(OOM_SINCE_2_1), *bundle.log.find(OOM_BEFORE_2_1)]):
+        began = [n for n in marks if n <= hit[0]]
+        # A traceback's frames print after the line they lead to: a mark close after the OOM
+        # (the same traceback) counts too.
+        after = [n for n in marks if hit[0] < n <= hit[0] + 40]
+        if (began and not any(began[-1] < r < hit[0] for r in ready)) or (after and not began):
+            return hit
+    return None
 
 
 def _capture_bs(bundle: Bundle) -> tuple[int | None, int | None]:
@@ -217,7 +266,8 @@ def _graph_oom(bundle: Bundle) -> GraphOom | None:
     sizes = _graph_oom_sizes(bundle)
     if sizes is None:
         return None
-    hit, tried, total, free = sizes
+    hit, printed = sizes
+    tried, total, free = (gib_of(printed[k]) for k in ("tried", "total", "free"))
     mfs = bundle.number("mem_fraction_static")
     auto = bundle.flag("mem_fraction_static") is None and not bundle.given("--mem-fraction-static")
     begin = bundle.log.first(LOAD_BEGIN)
@@ -226,12 +276,17 @@ def _graph_oom(bundle: Bundle) -> GraphOom | None:
     hicache = None
     if bundle.flag("enable_hierarchical_cache") is True:
         hicache = (bundle.number("hicache_ratio") or 2.0, bundle.count("page_size"))
+    begun = bundle.log.first(CAPTURE_BEGIN_AVAIL)
+    util = None
+    if bundle.vllm:
+        util = bundle.engine_number("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION
     return GraphOom(
         hit,
         int(hit[1]["gpu"]),
         tried,
         total,
         free,
+        printed,
         bundle.tp(),
         bundle.gpu_label(),
         mfs,
@@ -240,6 +295,8 @@ def _graph_oom(bundle: Bundle) -> GraphOom | None:
         max_bs,
         raised_from,
         hicache,
+        capture_avail=begun[1]["avail"] if begun else None,
+        util=util,
     )
 
 
@@ -258,8 +315,9 @@ def _graph_oom_diagnosis(bundle: Bundle, found: GraphOom) -> Diagnosis:
         secondary_categories=["mem-fraction-too-high"],
         summary=(
             f"GPU OOM during CUDA-graph capture on GPU {found.gpu}{on}: tried to allocate "
-            f"{found.tried:.2f} GiB, {found.free:.2f} GiB of {_fmt(found.total)} GiB free"
-            f"{_graph_oom_keeps(found)}{_graph_oom_capture(found)}{_graph_oom_hicache(found)}"
+            f"{found.printed['tried']}, {found.printed['free']} of {found.printed['total']} free"
+            f"{_graph_oom_began(found)}{_graph_oom_keeps(found)}{_graph_oom_capture(found)}"
+            f"{_graph_oom_hicache(found)}"
         ),
         remedy=_graph_oom_remedy(found),
         evidence=[bundle.evidence(found.hit)],
@@ -291,6 +349,12 @@ def _graph_oom_numbers(found: GraphOom) -> dict[str, float]:
         numbers["suggested_mem_fraction_static"] = round(found.lower_mfs, 2)
     if found.lower_bs:
         numbers["suggested_cuda_graph_max_bs"] = found.lower_bs
+    if found.util is not None:
+        numbers["gpu_memory_utilization"] = found.util
+        if found.outside_budget is not None:
+            numbers["outside_budget_gib"] = found.outside_budget
+        if found.lower_util is not None:
+            numbers["suggested_gpu_memory_utilization"] = found.lower_util
     return numbers
 
 
@@ -307,6 +371,19 @@ def _graph_oom_keeps(found: GraphOom) -> str:
         keeps += f" (of the whole card {_fmt(1 - mfs, 3)} x {found.total:.2f} = "
         keeps += f"{(1 - mfs) * found.total:.2f} GiB)"
     return keeps + " for graphs and activations"
+
+
+def _graph_oom_began(found: GraphOom) -> str:
+    """When capture began with (SGLang's avail mem=, GiB though it prints GB), and for vLLM
+    what its utilization left outside its budget."""
+    said = f"; capture began with {found.capture_avail} free" if found.capture_avail else ""
+    if found.util is not None and found.outside_budget is not None:
+        said += (
+            f"; --gpu-memory-utilization {_fmt(found.util)} leaves (1 - {_fmt(found.util)}) x "
+            f"{found.total:.2f} GiB = {found.outside_budget:.2f} GiB outside vLLM's budget for "
+            "the graphs"
+        )
+    return said
 
 
 def _graph_oom_capture(found: GraphOom) -> str:
@@ -326,6 +403,12 @@ def _graph_oom_hicache(found: GraphOom) -> str:
 
 
 def _graph_oom_remedy(found: GraphOom) -> str:
+    if found.util is not None:
+        return (
+            f"lower --gpu-memory-utilization (to {found.lower_util:.2f}), capture fewer/smaller "
+            "graphs (reduce --max-num-seqs, fewer cudagraph capture sizes), or run without "
+            "graphs (--enforce-eager)"
+        )
     hicache = found.hicache is not None
     return (
         "lower --mem-fraction-static"

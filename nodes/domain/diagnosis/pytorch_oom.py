@@ -20,21 +20,29 @@ OOM_WITH_HOLDER = re.compile(
     rf"(?P<processes>(?:(?:Including non-PyTorch memory, this process|Process \d+) has {_SIZE} "
     r"memory in use\. ?)*Process \d+ has .*)"
 )
+# The sizes alone (the same text up to "is free"), CUDA or HIP: what every OOM rule reads.
+OOM_SINCE_2_1 = re.compile(
+    rf"(?:CUDA|HIP) out of memory\. Tried to allocate (?P<tried>{_SIZE})\. GPU (?P<gpu>\d+) has "
+    rf"a total capaci?ty of (?P<total>{_SIZE}) of which (?P<free>{_SIZE}) is free"
+)
 OTHER_PROCESS = re.compile(rf"\bProcess (?P<pid>\d+) has (?P<used>{_SIZE}) memory in use")
 _UNITS = {"bytes": 2**-30, "KiB": 2**-20, "MiB": 2**-10, "GiB": 1.0, "TiB": 2**10}
 
 
-def _gib(size: str) -> float:
-    """``"512.00 MiB"`` → 0.5 (GiB)."""
+def gib_of(size: str) -> float:
+    """``"512.00 MiB"`` → 0.5 (GiB); PyTorch's format_size units (bytes, KiB … TiB)."""
     value, unit = size.split()
     return _num(value) * _UNITS[unit]
+
+
+_gib = gib_of
 
 
 # The same allocator's text before PyTorch 2.1: no list of processes, only this process's own
 # figures, the free memory and the sizes in format_size's units ("0 bytes free"); with a memory
 # fraction set it adds "N allowed".
 OOM_BEFORE_2_1 = re.compile(
-    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_SIZE}) \(GPU (?P<gpu>\d+); "
+    rf"(?:CUDA|HIP) out of memory\. Tried to allocate (?P<tried>{_SIZE}) \(GPU (?P<gpu>\d+); "
     rf"(?P<total>{_SIZE}) total capacity; (?P<allocated>{_SIZE}) already allocated; "
     rf"(?P<free>{_SIZE}) free; (?:{_SIZE} allowed; )?(?P<reserved>{_SIZE}) reserved in total "
     r"by PyTorch\)"
