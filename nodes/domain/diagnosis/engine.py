@@ -28,13 +28,20 @@ from nodes.domain.diagnosis.host_memory import (
     host_oom_pinned,
     host_precheck,
 )
+from nodes.domain.diagnosis.kv_pool import kv_pool_exhausted
 from nodes.domain.diagnosis.launch_settings import (
+    block_divisibility,
     model_not_found,
     tp_divisibility,
     tp_gpu_mapping,
 )
-from nodes.domain.diagnosis.nccl import nccl_init_hang, nccl_shm
-from nodes.domain.diagnosis.ports import port_bind_in_use, port_in_use
+from nodes.domain.diagnosis.nccl import (
+    gloo_loopback,
+    nccl_init_hang,
+    nccl_shm,
+    shm_insufficient,
+)
+from nodes.domain.diagnosis.ports import dist_store_in_use, port_bind_in_use, port_in_use
 from nodes.domain.diagnosis.runtime import (
     served_then_failed,
     served_then_gpu_oom,
@@ -42,7 +49,12 @@ from nodes.domain.diagnosis.runtime import (
 )
 from nodes.domain.diagnosis.signatures import SIGNATURES
 from nodes.domain.diagnosis.startup import health_check_failure, startup_timeout
-from nodes.domain.diagnosis.vllm import kv_cache_too_small, vllm_gpu_occupied
+from nodes.domain.diagnosis.vllm import (
+    kv_cache_too_small,
+    kv_needed_v1,
+    no_cache_blocks,
+    vllm_gpu_occupied,
+)
 
 
 def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
@@ -59,6 +71,8 @@ def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
 
 RULES: Sequence[Rule] = (
     kv_cache_too_small,
+    kv_needed_v1,
+    no_cache_blocks,
     vllm_gpu_occupied,
     model_not_found,
     leaked_after_cleanup,
@@ -70,17 +84,22 @@ RULES: Sequence[Rule] = (
     startup_timeout,
     nccl_init_hang,
     nccl_shm,
+    shm_insufficient,
+    gloo_loopback,
     *SIGNATURES,
     tp_divisibility,
+    block_divisibility,
     tp_gpu_mapping,
     host_precheck,
     mem_fraction_too_low,
     gpu_unbalanced,
     port_in_use,
     port_bind_in_use,
+    dist_store_in_use,
     host_oom_cgroup,
     host_oom_hicache,
     host_oom_pinned,
+    kv_pool_exhausted,
     served_then_gpu_oom,
     served_then_failed,
     gpu_held_hidden,

@@ -16,6 +16,8 @@ from typing import Any
 from nodes.domain.diagnosis.plain_words import asserted
 
 GiB = 2**30
+#: vLLM's --gpu-memory-utilization when the command does not set it (vllm/config/cache.py).
+VLLM_DEFAULT_UTILIZATION = 0.9
 
 #: One line a pattern found: its 1-based number in the log and the match (``Log.find``).
 Hit = tuple[int, re.Match[str]]

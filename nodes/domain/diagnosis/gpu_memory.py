@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from nodes.domain.diagnosis.evidence import (
     LOAD_BEGIN,
     LOAD_END,
+    VLLM_DEFAULT_UTILIZATION,
     Bundle,
     Diagnosis,
     GiB,
@@ -151,8 +152,6 @@ CAPTURE_MARK = re.compile(
 CAPTURE_BEGIN_AVAIL = re.compile(
     r"Capture (?:prefill )?(?:cuda|CUDA) graph begin\..*?avail mem=(?P<avail>[\d.]+ GB)"
 )
-#: vLLM's --gpu-memory-utilization when the command does not set it (vllm/config).
-VLLM_DEFAULT_UTILIZATION = 0.9
 READY_MARK = re.compile(r"The server is fired up|Application startup complete")
 
 

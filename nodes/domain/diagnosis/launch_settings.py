@@ -94,7 +94,11 @@ def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
 
 HF_MISSING = re.compile(
     r"HFValidationError|Repo id must be in the form|is not a local folder and is not a valid "
-    r"model identifier|does not appear to have a file named config\.json"
+    r"model identifier|does not appear to have a file named config\.json|"
+    # huggingface_hub: the cache folder itself is missing (an unmounted volume), or offline
+    # mode with the model not in the cache.
+    r"CacheNotFound|Cache directory not found|LocalEntryNotFoundError|Cannot find the requested "
+    r"files in the (?:disk )?cache"
 )
 
 
@@ -155,7 +159,42 @@ def model_not_found(bundle: Bundle) -> Diagnosis | None:
     return None if found is None else _missing_model_diagnosis(bundle, found)
 
 
+CACHE_DIR = re.compile(r"Cache directory not found: (?P<dir>[^\s.]+(?:\.[^\s.]+)*)")
+WORKER_EXIT = re.compile(r"died, exit code: (?P<code>-?\d+)")
+
+
+def _missing_cache_diagnosis(bundle: Bundle, found: MissingModel) -> Diagnosis:
+    """The Hugging Face cache folder is missing where the server runs: the volume that holds
+    it is not mounted (or HF_HUB_CACHE points elsewhere); nothing was downloaded or read."""
+    folder = bundle.log.first(CACHE_DIR)
+    where = folder[1]["dir"] if folder else "the Hugging Face cache"
+    tp = bundle.tp()
+    numbers: dict[str, float] = {"tensor_parallel_size": tp}
+    said = f"; TP {tp}"
+    died = bundle.log.first(WORKER_EXIT)
+    if died is not None:
+        numbers["worker_exit_code"] = int(died[1]["code"])
+        said += f", the workers were then stopped (exit code: {died[1]['code']})"
+    return Diagnosis(
+        category="model-not-found",
+        summary=(
+            f"model {found.path or '?'} cannot be found: the Hugging Face cache directory "
+            f"{where} does not exist on the node (its volume not mounted, or HF_HUB_CACHE "
+            f"pointing elsewhere){said}"
+        ),
+        remedy=(
+            f"mount the HF cache volume at the path the server expects ({where}), point "
+            "HF_HUB_CACHE at the mounted cache, or pass a local model path; check with "
+            "test -d $HF_HUB_CACHE before launch"
+        ),
+        evidence=[bundle.evidence(found.hit)],
+        numbers=numbers,
+    )
+
+
 def _missing_model_diagnosis(bundle: Bundle, found: MissingModel) -> Diagnosis:
+    if "ache" in found.hit[1].group(0):
+        return _missing_cache_diagnosis(bundle, found)
     numbers: dict[str, float] = {"nodes": found.nodes}
     where = ""
     if found.nodes > 1:
@@ -180,5 +219,60 @@ def _missing_model_diagnosis(bundle: Bundle, found: MissingModel) -> Diagnosis:
         ),
         evidence=[bundle.evidence(found.hit)]
         + ([bundle.evidence(found.worker)] if found.worker else []),
+        numbers=numbers,
+    )
+
+
+# Block-quantized (FP8) checkpoints store one scale per block_n × block_k tile: a rank's shard
+# of a weight must be a whole number of tiles (sglang/vllm fp8 ``validate_block_quant_shapes``).
+BLOCK_NOT_DIVISIBLE = re.compile(
+    r"Weight (?P<what>output_partition_size|input_size_per_partition) = (?P<shard>\d+) is not "
+    r"divisible by weight quantization (?P<block_name>block_[nk]) = (?P<block>\d+)"
+)
+#: config.json keys of the dimensions a shared expert or MLP splits over the TP ranks.
+SHARDED_KEYS = (
+    "share_expert_dim",
+    "moe_intermediate_size",
+    "shared_expert_intermediate_size",
+    "intermediate_size",
+)
+
+
+def block_divisibility(bundle: Bundle) -> Diagnosis | None:
+    """A TP shard of a block-quantized weight is not a multiple of the quantization block: the
+    dimension / TP size must be divisible by the block size (128 for FP8 checkpoints)."""
+    hit = bundle.log.first(BLOCK_NOT_DIVISIBLE)
+    if hit is None:
+        return None
+    shard, block, tp = int(hit[1]["shard"]), int(hit[1]["block"]), bundle.tp()
+    numbers: dict[str, float] = {"tp_size": tp, "shard_size": shard, "block_size": block}
+    config = bundle.facts.get("model_config") or {}
+    key = next((k for k in SHARDED_KEYS if isinstance(config.get(k), int) and k), None)
+    dim = config[key] if key else shard * tp if tp > 1 else None
+    whole = ""
+    sizes: list[int] = []
+    if dim:
+        numbers[key or "sharded_dim"] = dim
+        sizes = [t for t in (1, 2, 4, 8, 16, 32) if dim % t == 0 and (dim // t) % block == 0]
+        whole = f"{key or 'the sharded dimension'} {dim} / TP {tp} = {shard} per rank, "
+    fits = [t for t in sizes if t <= tp]
+    best = max(fits) if fits else None
+    if best is not None:
+        numbers["suggested_tp_size"] = best
+    return Diagnosis(
+        category="tp-divisibility",
+        summary=(
+            f"TP {tp} shards a block-quantized weight into pieces the quantization block does "
+            f"not divide: {whole}{hit[1]['what']} {shard} is not a multiple of "
+            f"{hit[1]['block_name']} {block}"
+            + (f"; TP sizes that work: {', '.join(map(str, sizes))}" if sizes else "")
+        ),
+        remedy=(
+            f"use a tensor parallel size whose shard is a multiple of {block} ("
+            + (f"--tp-size {best}, " if best else "")
+            + f"dimension/tp must be a multiple of {block}), and put further GPUs to data or "
+            "pipeline parallelism; or a BF16 checkpoint, which has no blocks"
+        ),
+        evidence=[bundle.evidence(hit)],
         numbers=numbers,
     )

@@ -7,7 +7,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit, _when
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit, _num, _when
 
 SHM_SEGMENT = re.compile(
     r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)"
@@ -213,4 +213,164 @@ def _init_hang_remedy(found: InitHang) -> str:
         "set SGLANG_HOST_IP to each node's fabric IP (set fabric IP per node: "
         f"{addr} on {name} here), and NCCL_SOCKET_IFNAME={name} / GLOO_SOCKET_IFNAME={name} "
         "on every node; the interface must be in the same subnet as dist-init-addr"
+    )
+
+
+# vLLM's shared-memory message queue between the engine and its workers
+# (vllm/distributed/device_communicators/shm_broadcast.py) checks /dev/shm before it maps.
+SHM_INSUFFICIENT = re.compile(
+    r"Insufficient space in /dev/shm: (?P<need>[\d.]+) (?P<unit>[KMG]i?B) required, "
+    r"(?P<free>[\d.]+) (?P=unit) free"
+)
+
+
+def shm_insufficient(bundle: Bundle) -> Diagnosis | None:
+    """/dev/shm cannot hold the shared-memory queues the ranks exchange work through (vLLM's
+    message queue, as NCCL's segments): the container's /dev/shm is too small."""
+    hit = bundle.log.first(SHM_INSUFFICIENT)
+    if hit is None:
+        return None
+    unit = hit[1]["unit"]
+    need, free, tp = _num(hit[1]["need"]), _num(hit[1]["free"]), bundle.tp()
+    key = unit.lower()
+    numbers: dict[str, float] = {
+        f"required_{key}": need,
+        f"free_{key}": free,
+        "tensor_parallel_size": tp,
+    }
+    size = ""
+    for snapshot in reversed(bundle.snapshots()):
+        shm = snapshot.get("shm") or {}
+        if shm.get("size_bytes"):
+            numbers["shm_size_mib"] = round(shm["size_bytes"] / 2**20)
+            size = f" (/dev/shm is {numbers['shm_size_mib']:g} MiB)"
+            break
+    chunk = next(
+        (
+            v
+            for k, v in (bundle.facts.get("env") or {}).items()
+            if k == "VLLM_MQ_MAX_CHUNK_BYTES_MB"
+        ),
+        None,
+    )
+    tuned = ""
+    if chunk is not None and _num(chunk) == _num(chunk):
+        numbers["mq_max_chunk_bytes_mb"] = _num(chunk)
+        tuned = f"; VLLM_MQ_MAX_CHUNK_BYTES_MB={chunk} did not bring it under the free space"
+    return Diagnosis(
+        category="nccl-shm",
+        summary=(
+            f"/dev/shm too small for the {tp} ranks' shared-memory queues: {hit[1]['need']} "
+            f"{unit} required, {hit[1]['free']} {unit} free{size}{tuned}"
+        ),
+        remedy=(
+            "increase /dev/shm: docker run --shm-size 16g (or --ipc=host); in Kubernetes an "
+            "emptyDir with medium: Memory and a sizeLimit mounted at /dev/shm"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+# torch's Gloo (ProcessGroupGloo.cpp): the hostname does not resolve to a local address, so
+# the rank binds and advertises the loopback; ranks on other nodes then dial their own lo.
+GLOO_LOOPBACK = re.compile(r"Using the loopback address as fallback")
+LOOPBACK_REFUSED = re.compile(
+    r"(?:Gloo connectFullMesh failed|Connection refused|timed out connecting).*?"
+    r"remote=\[127\.0\.0\.1\]:(?P<port>\d+)"
+)
+RANK_PREFIX = re.compile(r"\[rank(?P<rank>\d+)\]")
+
+
+def gloo_loopback(bundle: Bundle) -> Diagnosis | None:
+    """A multi-node launch whose ranks bound the loopback interface (Gloo's fallback when the
+    hostname does not resolve to a routable address): ranks on another node dial 127.0.0.1 and
+    never reach each other, so distributed init fails or hangs."""
+    fell_back = bundle.log.first(GLOO_LOOPBACK)
+    refused = bundle.log.first(LOOPBACK_REFUSED)
+    nodes = bundle.facts.get("nodes_in_launch")
+    if fell_back is None and refused is None:
+        return None
+    if refused is None and not (isinstance(nodes, int) and nodes > 1):
+        return None  # one node: the loopback reaches every rank
+    nodes = nodes if isinstance(nodes, int) and nodes > 1 else 2
+    tp = bundle.tp()
+    pp = bundle.count("pp_size", default=0) or int(
+        bundle.engine_number("pipeline_parallel_size") or 1
+    )
+    numbers: dict[str, float] = {
+        "nodes": nodes,
+        "tensor_parallel_size": tp,
+        "pipeline_parallel_size": pp,
+        "world_size": tp * pp,
+    }
+    failing = ""
+    hit = refused or fell_back
+    assert hit is not None
+    rank = RANK_PREFIX.search(bundle.log.lines[hit[0] - 1])
+    if rank is not None:
+        numbers["failing_rank"] = int(rank["rank"])
+        failing = f"; rank {rank['rank']} dialled 127.0.0.1, its own loopback"
+    return Diagnosis(
+        category="nccl-init-hang",
+        summary=(
+            f"distributed init across {nodes} nodes (world size {tp} x {pp} = {tp * pp}, "
+            f"TP {tp}, PP {pp}) cannot connect: Gloo fell back to the loopback address, so "
+            f"ranks advertise 127.0.0.1 to the other node{failing}"
+        ),
+        remedy=(
+            "set GLOO_SOCKET_IFNAME and NCCL_SOCKET_IFNAME on every node to the interface that "
+            "routes to the leader (ip route get <leader ip>), or fix hostname resolution so the "
+            "hostname maps to that interface's address"
+        ),
+        evidence=[bundle.evidence(h) for h in (fell_back, refused) if h is not None],
+        numbers=numbers,
+    )
+
+
+# NCCL picked peer-to-peer (P2P/IPC) between GPUs joined only by PCIe, then nothing: the first
+# collective never completes where PCIe P2P is broken (ACS/IOMMU, consumer boards).
+P2P_CHANNEL = re.compile(r"NCCL INFO Channel \S+ : \d+\[\d+\] -> \d+\[\d+\] via P2P/IPC")
+INIT_COMPLETE = re.compile(r"NCCL INFO .*Init COMPLETE")
+QUIET_SINCE = re.compile(r"(?P<s>\d+) s ago|for (?P<s2>\d+) s")
+AFTER_INIT = re.compile(
+    r"Loading (?:safetensors|weights)|Load weight begin|Model loading took|Traceback|"
+    r"Error|# GPU blocks|KV cache|Application startup complete"
+)
+
+
+def p2p_hang(bundle: Bundle) -> Diagnosis | None:
+    """Communicators initialised over P2P/IPC on PCIe-only GPUs and the start-up went no
+    further (no weights loaded, no error): the first collective hangs in broken PCIe P2P."""
+    channel = bundle.log.first(P2P_CHANNEL)
+    if channel is None:
+        return None
+    complete = bundle.log.find(INIT_COMPLETE)
+    if not complete:
+        return None
+    last = complete[-1][0]
+    if any(n > last for n, _ in bundle.log.find(AFTER_INIT)):
+        return None
+    tp = bundle.tp()
+    gpus = len((bundle.facts.get("node") or {}).get("gpus") or []) or tp
+    numbers: dict[str, float] = {"tensor_parallel_size": tp, "gpu_count": gpus}
+    quiet = ""
+    note = bundle.note_match(QUIET_SINCE)
+    if note is not None:
+        numbers["seconds_since_init_complete"] = int(note["s"] or note["s2"])
+        quiet = f", and nothing for {numbers['seconds_since_init_complete']} s since"
+    return Diagnosis(
+        category="nccl-init-hang",
+        summary=(
+            f"start-up hangs right after NCCL init: the {tp} TP ranks on "
+            f"{int(numbers['gpu_count'])} GPUs set up P2P/IPC channels over PCIe, every rank "
+            f"printed Init COMPLETE{quiet}; the first collective over P2P over PCIe never "
+            "completes"
+        ),
+        remedy=(
+            "disable NCCL peer-to-peer (NCCL_P2P_DISABLE=1, or NCCL_P2P_LEVEL=SYS to keep it "
+            "off PCIe), or fix PCIe P2P on the host (disable ACS, check the IOMMU setting)"
+        ),
+        evidence=[bundle.evidence(channel), bundle.evidence(complete[-1])],
+        numbers=numbers,
     )

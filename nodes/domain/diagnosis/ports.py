@@ -152,3 +152,62 @@ def _bind_in_use_diagnosis(bundle: Bundle, found: BindInUse) -> Diagnosis:
         evidence=[bundle.evidence(found.hit), *evidence],
         numbers=numbers,
     )
+
+
+# torch.distributed's TCPStore (c10d/socket.cpp) could not listen on its port: another socket
+# has it. With nothing listening before or after the launch, the port was taken in between
+# (an ephemeral source port of some connection, or a sibling rank's probe).
+STORE_IN_USE = re.compile(
+    r"server socket has failed to listen on any local network address\. port: (?P<port>\d+)"
+    r".*?EADDRINUSE|DistNetworkError: .*?port: (?P<port2>\d+).*?address already in use"
+)
+EPHEMERAL_NOTE = re.compile(r"ip_local_port_range\D*(?P<low>\d+)\s+(?P<high>\d+)")
+
+
+def dist_store_in_use(bundle: Bundle) -> Diagnosis | None:
+    """The distributed store's port (``--dist-init-addr``, ``--nccl-port`` or one SGLang
+    picked) was taken when a rank came to bind it."""
+    hit = bundle.log.first(STORE_IN_USE)
+    if hit is None:
+        return None
+    port = int(hit[1]["port"] or hit[1]["port2"])
+    numbers: dict[str, float] = {"failed_port": port}
+    said = f"the torch.distributed store could not bind port {port} (EADDRINUSE)"
+    dp = bundle.count("dp_size", default=0) or int(bundle.engine_number("data_parallel_size") or 0)
+    if dp > 1:
+        numbers["dp_size"] = dp
+        said += f"; with --dp {dp} each DP rank picks its own dist-init port"
+    holder = _holder_of(bundle, port)
+    ephemeral = bundle.note_match(EPHEMERAL_NOTE)
+    if holder is not None:
+        numbers["holder_pid"] = holder
+        said += f"; PID {holder} listens on it"
+    elif ephemeral is not None:
+        low, high = int(ephemeral["low"]), int(ephemeral["high"])
+        numbers.update(ephemeral_port_low=low, ephemeral_port_high=high)
+        if low <= port <= high:
+            said += (
+                f"; nothing held it before or after, and it lies in the kernel's ephemeral "
+                f"range {low}-{high}: another connection took it between the probe and the "
+                "bind (a race, not a leftover process)"
+            )
+    return Diagnosis(
+        category="port-in-use",
+        summary=said,
+        remedy=(
+            "choose --port/--nccl-port outside the ephemeral range (ip_local_port_range), or "
+            "reserve the block with net.ipv4.ip_local_reserved_ports; retry the launch if it was "
+            "a race; stop the holder if one still listens"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+def _holder_of(bundle: Bundle, port: int) -> int | None:
+    """The PID the latest snapshot shows listening on ``port``, if any."""
+    for snapshot in reversed(bundle.snapshots()):
+        for row in snapshot.get("listening_ports") or []:
+            if row.get("port") == port and row.get("pid"):
+                return int(row["pid"])
+    return None

@@ -7,7 +7,15 @@ import math
 import re
 from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, GiB, Hit, _fmt, _num
+from nodes.domain.diagnosis.evidence import (
+    VLLM_DEFAULT_UTILIZATION,
+    Bundle,
+    Diagnosis,
+    GiB,
+    Hit,
+    _fmt,
+    _num,
+)
 from nodes.domain.geometry import GeometryError, from_config, kv_bytes_per_token, kv_elem_bytes
 
 VLLM_FREE = re.compile(
@@ -154,3 +162,114 @@ def _kv_too_small_diagnosis(bundle: Bundle, found: KvTooSmall) -> Diagnosis:
         evidence=evidence,
         numbers=numbers,
     )
+
+
+# vLLM V1 (v1/core/kv_cache_utils.py, check_enough_kv_cache_memory): one request of the maximum
+# length needs more KV than the memory left after the weights and the profiled activations.
+# Sizes are GiB; the estimate of the longest length that fits came later.
+KV_NEEDED_V1 = re.compile(
+    r"max seq len \((?P<need>\d+)\), \((?P<needed>[\d.]+) GiB KV cache is needed, which is "
+    r"larger than the available KV cache memory \((?P<avail>-?[\d.]+) GiB\)"
+    r"(?:.*?estimated maximum model length is (?P<est>\d+))?"
+)
+
+
+def kv_needed_v1(bundle: Bundle) -> Diagnosis | None:
+    """vLLM V1: the KV one full-length request needs is more than the KV memory available."""
+    hit = bundle.log.first(KV_NEEDED_V1)
+    if hit is None:
+        return None
+    need, needed, avail = int(hit[1]["need"]), _num(hit[1]["needed"]), _num(hit[1]["avail"])
+    est = int(hit[1]["est"]) if hit[1]["est"] else None
+    util = bundle.engine_number("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION
+    numbers: dict[str, float] = {
+        "max_model_len": need,
+        "kv_needed_gib": needed,
+        "kv_available_gib": avail,
+        "gpu_memory_utilization": util,
+    }
+    longest = ""
+    if est is not None:
+        numbers["estimated_max_model_len"] = est
+        numbers["suggested_max_model_len"] = est
+        longest = f"; vLLM estimates the longest length that fits at {est} tokens"
+    return Diagnosis(
+        category="gpu-oom-kv-cache",
+        summary=(
+            f"KV cache too small for max_model_len {need}: one request of that length needs "
+            f"{_fmt(needed)} GiB of KV, only {_fmt(avail)} GiB is available after the weights "
+            f"and activations at --gpu-memory-utilization {_fmt(util)}{longest}"
+        ),
+        remedy=(
+            "lower --max-model-len"
+            + (f" to at most {est}" if est else "")
+            + " (decrease max_model_len), or increase --gpu-memory-utilization, or store KV in "
+            "--kv-cache-dtype fp8, or spread the model over more GPUs"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+# vLLM (V0 and V1): the memory left for KV after the weights and the profiled peak is zero or
+# less. V1 prints the figure first ("Available KV cache memory: -2.14 GiB").
+NO_CACHE_BLOCKS = re.compile(r"No available memory for the cache blocks")
+KV_AVAILABLE = re.compile(r"Available KV cache memory: (?P<avail>-?[\d.]+) GiB")
+WEIGHTS_TOOK = re.compile(r"(?:Model loading took|model weights take) (?P<gib>[\d.]+) ?GiB")
+USABLE_NOTE = re.compile(r"(?P<total>[\d.]+) GiB (?:usable|total)")
+
+
+def no_cache_blocks(bundle: Bundle) -> Diagnosis | None:
+    """vLLM: no memory for the KV cache blocks under --gpu-memory-utilization: the budget
+    (utilization × the card) minus the weights and the profiled non-weight memory is ≤ 0."""
+    hit = bundle.log.first(NO_CACHE_BLOCKS)
+    if hit is None:
+        return None
+    util = bundle.engine_number("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION
+    numbers: dict[str, float] = {"gpu_memory_utilization": util}
+    evidence = [bundle.evidence(hit)]
+    said = [f"--gpu-memory-utilization {_fmt(util)}"]
+    total = _card_gib(bundle)
+    budget = round(util * total, 2) if total else None
+    if budget is not None and total is not None:
+        numbers["vllm_budget_gib"] = budget
+        said.append(f"gives vLLM {_fmt(util)} x {total:.2f} = {budget:.2f} GiB")
+    weights = bundle.log.first(WEIGHTS_TOOK)
+    if weights is not None:
+        numbers["weights_gib"] = round(_num(weights[1]["gib"]), 2)
+        said.append(f"the weights take {numbers['weights_gib']:.2f} GiB")
+        evidence.append(bundle.evidence(weights))
+    kv = bundle.log.first(KV_AVAILABLE)
+    if kv is not None:
+        numbers["available_kv_gib"] = _num(kv[1]["avail"])
+        evidence.append(bundle.evidence(kv))
+        if budget is not None and weights is not None:
+            other = round(budget - numbers["weights_gib"] - numbers["available_kv_gib"], 2)
+            numbers["non_weight_usage_gib"] = other
+            said.append(f"activations and non-torch memory about {other:.2f} GiB")
+        said.append(f"leaving {_fmt(numbers['available_kv_gib'])} GiB for the KV cache")
+    suggested = min(round(util + 0.05, 2), 0.95)
+    numbers["suggested_gpu_memory_utilization"] = suggested
+    return Diagnosis(
+        category="mem-fraction-too-low",
+        summary="no memory for vLLM's KV cache: " + ", ".join(said),
+        remedy=(
+            f"increase --gpu-memory-utilization (e.g. {suggested:.2f}) if the card is otherwise "
+            "idle, lower the activation peak (--max-num-batched-tokens 1024, lower "
+            "--max-model-len), or spread the weights over more GPUs (--tensor-parallel-size 2)"
+        ),
+        evidence=evidence,
+        numbers=numbers,
+    )
+
+
+def _card_gib(bundle: Bundle) -> float | None:
+    """The card's size as CUDA reports it (a note), else the node's first GPU, GiB."""
+    note = bundle.note_match(USABLE_NOTE)
+    if note is not None:
+        return _num(note["total"])
+    for gpu in (bundle.facts.get("node") or {}).get("gpus") or []:
+        total = gpu.get("memory_total_bytes")
+        if isinstance(total, int | float) and total > 0:
+            return round(total / GiB, 2)
+    return None
