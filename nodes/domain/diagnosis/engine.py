@@ -11,11 +11,13 @@ from typing import Any
 from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule
 from nodes.domain.diagnosis.gpu_holders import (
     cleanup_leak,
+    cleanup_survivors,
     gpu_held_at_oom,
     gpu_held_hidden,
     gpu_held_outside_at_oom,
     gpu_unbalanced,
     leak_diagnosis,
+    survivors_diagnosis,
 )
 from nodes.domain.diagnosis.gpu_memory import (
     gpu_oom_cuda_graph,
@@ -39,6 +41,7 @@ from nodes.domain.diagnosis.nccl import (
     gloo_loopback,
     nccl_init_hang,
     nccl_shm,
+    p2p_hang,
     shm_insufficient,
 )
 from nodes.domain.diagnosis.ports import dist_store_in_use, port_bind_in_use, port_in_use
@@ -48,7 +51,13 @@ from nodes.domain.diagnosis.runtime import (
     served_then_killed,
 )
 from nodes.domain.diagnosis.signatures import SIGNATURES
-from nodes.domain.diagnosis.startup import health_check_failure, startup_timeout
+from nodes.domain.diagnosis.startup import (
+    engine_ready_timeout,
+    health_check_failure,
+    killed_while_starting,
+    router_timeout,
+    startup_timeout,
+)
 from nodes.domain.diagnosis.vllm import (
     kv_cache_too_small,
     kv_needed_v1,
@@ -69,12 +78,26 @@ def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
     return leak_diagnosis(leak, earlier)
 
 
+def survivors_after_cleanup(bundle: Bundle) -> Diagnosis | None:
+    """The latest snapshot is after a cleanup and a process of this launch is still there:
+    uninterruptible (``D``, stuck in the kernel, e.g. unpinning host memory), defunct (``Z``)
+    or re-parented to PID 1 (``gpu_holders.cleanup_survivors``). Why the launch failed before
+    the cleanup is what the rules find without that snapshot."""
+    found = cleanup_survivors(bundle)
+    if found is None:
+        return None
+    before_cleanup = {**bundle.facts, "snapshots": bundle.facts["snapshots"][:-1]}
+    earlier = diagnose("\n".join(bundle.log.lines), before_cleanup, bundle.flags)
+    return survivors_diagnosis(bundle, found, earlier)
+
+
 RULES: Sequence[Rule] = (
     kv_cache_too_small,
     kv_needed_v1,
     no_cache_blocks,
     vllm_gpu_occupied,
     model_not_found,
+    survivors_after_cleanup,
     leaked_after_cleanup,
     mem_fraction_window,
     gpu_oom_cuda_graph,
@@ -82,6 +105,8 @@ RULES: Sequence[Rule] = (
     gpu_held_outside_at_oom,
     health_check_failure,
     startup_timeout,
+    engine_ready_timeout,
+    router_timeout,
     nccl_init_hang,
     nccl_shm,
     shm_insufficient,
@@ -100,10 +125,12 @@ RULES: Sequence[Rule] = (
     host_oom_hicache,
     host_oom_pinned,
     kv_pool_exhausted,
+    killed_while_starting,
     served_then_gpu_oom,
     served_then_failed,
     gpu_held_hidden,
     served_then_killed,
+    p2p_hang,
 )
 
 

@@ -540,3 +540,91 @@ def leak_diagnosis(leak: CleanupLeak, earlier: Diagnosis) -> Diagnosis:
         evidence=[Evidence(note, None, "snapshot") for note in leak.notes[:4]],
         numbers=numbers,
     )
+
+
+@dataclass(frozen=True)
+class Survivor:
+    """A process of the launch left after its cleanup: PID, title, state, parent, and the GPU
+    memory it holds (GiB by GPU index, from the snapshot's gpu_processes)."""
+
+    pid: int
+    name: str
+    state: str
+    ppid: int | None
+    held_gib: Mapping[int, float]
+
+
+#: What a survivor's state says, in words.
+STATES = {"D": "uninterruptible (D, stuck in the kernel)", "Z": "defunct (Z)"}
+
+
+def cleanup_survivors(bundle: Bundle) -> list[Survivor] | None:
+    """The launch's processes the latest snapshot, taken after a cleanup, still lists in state
+    ``D`` or ``Z`` or re-parented to PID 1 (its ``processes`` are the launch's, FORMAT.md);
+    ``None`` when the latest snapshot is not after a cleanup or lists none."""
+    snapshots = bundle.facts.get("snapshots") or []
+    if not snapshots or snapshots[-1].get("phase") != "after_cleanup":
+        return None
+    last = snapshots[-1]
+    held: dict[int, dict[int, float]] = {}
+    for row in last.get("gpu_processes") or []:
+        if row.get("pid") is not None and row.get("used_memory_bytes"):
+            held.setdefault(row["pid"], {})[int(row.get("gpu_index") or 0)] = round(
+                row["used_memory_bytes"] / 2**30, 2
+            )
+    found = [
+        Survivor(
+            int(p["pid"]),
+            str(p.get("cmdline") or p.get("name") or "?"),
+            str(p.get("state") or "?"),
+            p.get("ppid"),
+            held.get(p["pid"], {}),
+        )
+        for p in last.get("processes") or []
+        if p.get("pid") is not None
+        and (str(p.get("state") or "")[:1] in STATES or p.get("ppid") == 1)
+    ]
+    return found or None
+
+
+def survivors_diagnosis(bundle: Bundle, survivors: list[Survivor], earlier: Diagnosis) -> Diagnosis:
+    """The survivors in words (what each holds), with ``earlier``, the launch's own failure."""
+    last = bundle.snapshots()[-1]
+    used = {g.get("index"): g.get("memory_used_bytes") for g in last.get("gpus") or []}
+    numbers: dict[str, float] = {}
+    parts = []
+    for s in survivors[:4]:
+        state = STATES.get(s.state[:1], f"state {s.state}")
+        text = f"PID {s.pid} ({s.name}) is still alive, {state}"
+        if s.ppid == 1:
+            text += ", re-parented to PID 1"
+        for gpu, gib in s.held_gib.items():
+            numbers[f"held_gib_gpu{gpu}"] = gib
+            text += f", holding {gib:.2f} GiB of GPU {gpu}"
+            if isinstance(used.get(gpu), int):
+                numbers[f"gpu{gpu}_used_gib"] = round(used[gpu] / 2**30, 2)
+                text += f" ({used[gpu] / 2**30:.2f} GiB used on it)"
+        numbers.setdefault("stuck_pid", s.pid)
+        parts.append(text)
+    pinned = ""
+    if any(s.state.startswith("D") for s in survivors) and bundle.flag("enable_hierarchical_cache"):
+        size = bundle.number("hicache_size")
+        if size:
+            numbers["hicache_gb"] = size
+            pinned = f"; a D-state rank is the kernel unpinning its {size:g} GB HiCache host pool"
+    known = earlier.category != "unknown"
+    cause = f"; the launch itself failed as {earlier.category}: {earlier.summary}" if known else ""
+    numbers.update({k: v for k, v in earlier.numbers.items() if k not in numbers})
+    return Diagnosis(
+        category="defunct-zombie-process",
+        secondary_categories=[earlier.category] if known else [],
+        summary="after cleanup " + "; ".join(parts) + pinned + cause,
+        remedy=(
+            "wait until the kernel finishes unpinning (a D-state process cannot be killed), "
+            "do not relaunch until the GPU is idle; stop with SIGTERM before SIGKILL so a "
+            "graceful shutdown releases the pinned host pool; reboot if it stays in D state; "
+            "a defunct process goes when its parent reaps it or is killed"
+        ),
+        evidence=[Evidence(n, None, "snapshot") for n in (last.get("notes") or [])[:4]],
+        numbers=numbers,
+    )

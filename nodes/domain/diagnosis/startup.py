@@ -13,6 +13,7 @@ from nodes.domain.diagnosis.evidence import (
     RANK_TAG,
     Bundle,
     Diagnosis,
+    Evidence,
     Hit,
     _prefix,
     _when,
@@ -182,3 +183,182 @@ def _barrier_timeout_diagnosis(bundle: Bundle, found: BarrierTimeout) -> Diagnos
         evidence=[bundle.evidence(hit) for hit in found.hits[:3]],
         numbers=numbers,
     )
+
+
+# tqdm's progress of the checkpoint, with its clock: "| 106/163 [09:36<05:20, 5.4s/it]".
+SHARD_CLOCK = re.compile(
+    r"checkpoint shards:\s*\d+% Completed \| (?P<done>\d+)/(?P<total>\d+) "
+    r"\[(?P<elapsed>[\d:]+)<(?P<left>[\d:]+)"
+)
+
+
+def _seconds(clock: str) -> int:
+    """tqdm's ``MM:SS`` or ``H:MM:SS`` → seconds."""
+    total = 0
+    for part in clock.split(":"):
+        total = total * 60 + int(part)
+    return total
+
+
+def _loading_at(bundle: Bundle, line: int) -> tuple[dict[str, float], str]:
+    """How far the checkpoint had loaded by log line ``line``: figures and words."""
+    before = [m for n, m in bundle.log.find(SHARDS) if n <= line] or [
+        m for _, m in bundle.log.find(SHARDS)
+    ]
+    if not before:
+        return {}, ""
+    last = before[-1]
+    numbers: dict[str, float] = {
+        "shards_loaded": int(last["done"]),
+        "shards_total": int(last["total"]),
+    }
+    said = f"{last['done']}/{last['total']} checkpoint shards loaded"
+    clock = SHARD_CLOCK.search(last.string)
+    if clock is not None:
+        numbers.update(
+            load_elapsed_s=_seconds(clock["elapsed"]), load_remaining_s=_seconds(clock["left"])
+        )
+        said += (
+            f" after {numbers['load_elapsed_s']:g} s, about {numbers['load_remaining_s']:g} s "
+            "still to go"
+        )
+    return numbers, said
+
+
+# vLLM V1's API server waits VLLM_ENGINE_READY_TIMEOUT_S (600 s by default) for the engine
+# cores' first message (v1/engine/core_client.py, v1/utils.py).
+ENGINE_READY_TIMEOUT = re.compile(
+    r"Timed out waiting for engines? (?:core processes )?to (?:send initial message|start)"
+)
+VLLM_ENGINE_READY_DEFAULT_S = 600
+
+
+def engine_ready_timeout(bundle: Bundle) -> Diagnosis | None:
+    """vLLM's API server stopped waiting for its engine cores while they were still starting
+    (usually still loading the weights)."""
+    hit = bundle.log.first(ENGINE_READY_TIMEOUT)
+    if hit is None:
+        return None
+    env = bundle.facts.get("env") or {}
+    limit = env.get("VLLM_ENGINE_READY_TIMEOUT_S")
+    seconds = int(limit) if str(limit or "").isdigit() else VLLM_ENGINE_READY_DEFAULT_S
+    numbers, loading = _loading_at(bundle, hit[0])
+    numbers["engine_ready_timeout_s"] = seconds
+    return Diagnosis(
+        category="startup-timeout",
+        summary=(
+            f"vLLM's API server gave up after VLLM_ENGINE_READY_TIMEOUT_S = {seconds} s waiting "
+            "for the engine cores, which were still starting"
+            + (f" ({loading})" if loading else "")
+            + "; the exit that follows is that timeout, not a crash"
+        ),
+        remedy=(
+            f"raise the engine ready timeout (VLLM_ENGINE_READY_TIMEOUT_S above {seconds}, to "
+            "cover the load), pre-stage weights on local NVMe / warm the page cache, or retry "
+            "once cached"
+        ),
+        evidence=[bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+# sglang-router (Rust) waits --router-worker-startup-timeout-secs for every worker's /health.
+ROUTER_TIMEOUT = re.compile(r"Timeout (?P<s>\d+)s waiting for workers to become healthy")
+ROUTER_WORKER = re.compile(r"Worker https?://[^:/\s]+:(?P<port>\d+)")
+
+
+def router_timeout(bundle: Bundle) -> Diagnosis | None:
+    """The router stopped waiting for its workers to answer /health while they were still
+    starting (loading, compiling, capturing)."""
+    hit = bundle.log.first(ROUTER_TIMEOUT)
+    if hit is None:
+        return None
+    seconds = int(hit[1]["s"])
+    numbers: dict[str, float] = {"router_worker_startup_timeout_s": seconds}
+    worker = bundle.log.first(ROUTER_WORKER)
+    said = ""
+    if worker is not None:
+        numbers["worker_port"] = int(worker[1]["port"])
+        said = f" (worker on port {worker[1]['port']}"
+        dp = bundle.count("dp_size")
+        numbers["dp_size"] = dp
+        said += f", dp {dp})"
+    return Diagnosis(
+        category="startup-timeout",
+        summary=(
+            f"the router gave up after {seconds} s waiting for its workers to become healthy"
+            f"{said}; the worker was still starting, not failing"
+        ),
+        remedy=(
+            f"raise --router-worker-startup-timeout-secs above {seconds} (sglang-router >= "
+            "0.1.3), or launch the server first and the router after it is healthy; start-up "
+            "is shorter without --enable-torch-compile"
+        ),
+        evidence=[bundle.evidence(hit)] + ([bundle.evidence(worker)] if worker else []),
+        numbers=numbers,
+    )
+
+
+# Something outside the server stopped it for taking too long: a liveness or start-up probe,
+# the panel's start-up timeout. Read from what the notes assert (plain_words drops negations).
+OUTSIDE_LIMIT = re.compile(
+    r"(?i)(?P<probe>liveness|startup|start-up) probe failed|failed (?:its )?(?P<probe2>liveness|"
+    r"startup) probe|start-up timeout|startup timeout|no successful GET /health within "
+    r"(?P<within>\d+) s"
+)
+INITIAL_DELAY = re.compile(
+    r"(?i)(?P<probe>liveness|startup)Probe\b[^;]*?initialDelaySeconds (?P<s>\d+)"
+)
+LIMIT_SECONDS = re.compile(r"(?i)start-up timeout[^.;]*? is (?P<s>\d+) s")
+GRACE = re.compile(r"terminationGracePeriodSeconds (?P<s>\d+)")
+KILLED = {-9, 137, -15, 143}
+
+
+def killed_while_starting(bundle: Bundle) -> Diagnosis | None:
+    """The server was killed (SIGKILL/SIGTERM, exit 137/143) before it was ready, by a time
+    limit the notes name (a liveness probe, the panel's start-up timeout), with no error of its
+    own in the log: it was still starting (loading, allocating), not failing."""
+    code = (bundle.facts.get("exit") or {}).get("code")
+    limit = bundle.note_match(OUTSIDE_LIMIT)
+    if limit is None or code not in KILLED:
+        return None
+    if bundle.log.first(ERROR_LINE) is not None:
+        return None
+    numbers: dict[str, float] = {"exit_code": code}
+    said = ["killed while still starting"]
+    delay = bundle.note_match(INITIAL_DELAY)
+    by = "a time limit"
+    if limit["probe"] or limit["probe2"] or delay is not None:
+        probe = limit["probe"] or limit["probe2"] or delay["probe"] if delay else "liveness"
+        by = f"the {str(probe).lower()} probe"
+        if delay is not None:
+            numbers["liveness_initial_delay_s"] = int(delay["s"])
+            by += f" (initialDelaySeconds {delay['s']}, no startupProbe)"
+    within = limit["within"] or (m["s"] if (m := bundle.note_match(LIMIT_SECONDS)) else None)
+    if within:
+        numbers["startup_timeout_s"] = int(within)
+        by = f"the start-up timeout of {within} s"
+    said.append(f"by {by}")
+    loads, loading = _loading_at(bundle, len(bundle.log.lines))
+    numbers.update(loads)
+    if loading:
+        said.append(f"at {loading}")
+    grace = bundle.note_match(GRACE)
+    if grace is not None:
+        numbers["termination_grace_s"] = int(grace["s"])
+        said.append(f"SIGKILL after the {grace['s']} s grace period")
+    said.append(f"exit code {code}; no error of its own and no OOM kill")
+    return Diagnosis(
+        category="startup-timeout",
+        summary=", ".join(said),
+        remedy=(
+            "give start-up the time loading takes: a startupProbe (failureThreshold 60 x "
+            "periodSeconds 10) or raise initialDelaySeconds / the panel's start-up timeout; "
+            "faster model storage / local cache shortens it"
+        ),
+        evidence=[Evidence(limit.string, None, "snapshot")],
+        numbers=numbers,
+    )
+
+
+ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\bError: |Exception: ")
