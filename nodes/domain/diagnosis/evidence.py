@@ -7,6 +7,7 @@ import ast
 import functools
 import math
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -225,7 +226,7 @@ class Bundle:
         engine = self.facts.get("engine")
         if isinstance(engine, str) and engine:
             return engine.lower() == "vllm"
-        return any("vllm" in str(w) for w in (self.facts.get("command") or [])[:4])
+        return any("vllm" in w for w in self.command_words()[:6])
 
     def engine_value(self, name: str) -> str | None:
         """A setting by its Python name (``gpu_memory_utilization``) as the command spells it
@@ -233,7 +234,7 @@ class Bundle:
         arguments (vLLM's ``args: Namespace(…)``, ``non-default args: {…}``, ``name (0.98)``);
         the text, or ``None``. For settings SGLang's flag table does not parse (vLLM's)."""
         option = "--" + name.replace("_", "-")
-        command = [str(a) for a in self.facts.get("command") or []]
+        command = self.command_words()
         for i, word in enumerate(command):
             if word == option and i + 1 < len(command):
                 return command[i + 1]
@@ -241,6 +242,20 @@ class Bundle:
                 return word.split("=", 1)[1]
         hit = self.log.first(_engine_arg(name))
         return hit[1]["value"] if hit else None
+
+    def command_words(self) -> list[str]:
+        """The command's words, a shell's ``-c`` script split into its own words (a container's
+        ``/bin/sh -c "vllm serve …"``)."""
+        words: list[str] = []
+        for word in (str(a) for a in self.facts.get("command") or []):
+            if " " in word:
+                try:
+                    words += shlex.split(word)
+                except ValueError:
+                    words += word.split()
+            else:
+                words.append(word)
+        return words
 
     def engine_number(self, name: str) -> float | None:
         """``engine_value`` as a number, or ``None``."""
@@ -269,13 +284,13 @@ class Bundle:
 
     def tp(self) -> int:
         """The TP size: the command, the ``server_args`` line, else the highest TP tag + 1."""
-        value = self.count("tp_size", "tensor_parallel_size", default=0)
-        if value:
-            return value
-        if self.vllm:
+        if self.vllm:  # SGLang's table parses a vLLM command into its own defaults
             size = self.engine_number("tensor_parallel_size")
             if size is not None and size >= 1:
                 return int(size)
+        value = self.count("tp_size", "tensor_parallel_size", default=0)
+        if value:
+            return value
         tags = [int(n) for line in self.log.lines for n in RANK_TAG.findall(_prefix(line))]
         return max(tags) + 1 if tags else 1
 
@@ -349,6 +364,10 @@ def _fmt(value: float, places: int = 2) -> str:
     """Numbers as an operator reads them: 40 not 40.00, 44.87 kept."""
     text = f"{value:.{places}f}".rstrip("0").rstrip(".")
     return text if text not in ("-0", "") else "0"
+
+
+# tqdm's progress of the checkpoint (SGLang and vLLM print the same bar).
+SHARDS = re.compile(r"checkpoint shards:\s*\d+% Completed \| (?P<done>\d+)/(?P<total>\d+)")
 
 
 LOAD_BEGIN = re.compile(r"Load weight begin\. avail mem=(?P<avail>[\d.]+) GB")

@@ -203,6 +203,7 @@ def _orphan_numbers(orphans: Sequence[Holder]) -> dict[str, float]:
     numbers: dict[str, float] = {"orphans": len(orphans), "orphan_ppid": 1}
     for holder in orphans:
         numbers[f"orphan_{holder.pid}_mib"] = _mib(holder)
+    numbers["orphan_mib_total"] = sum(_mib(h) for h in orphans)
     return numbers
 
 
@@ -214,7 +215,8 @@ def _orphan_text(orphans: Sequence[Holder]) -> str:
     return (
         f"; the node shows {len(orphans)} live server processes re-parented to PPID 1 "
         f"({', '.join(h.name for h in orphans[:4])}) holding "
-        f"{', '.join(str(_mib(h)) for h in orphans)} MiB"
+        f"{' + '.join(str(_mib(h)) for h in orphans)} MiB"
+        + (f" = {sum(_mib(h) for h in orphans)} MiB" if len(orphans) > 1 else "")
         + (f" on GPUs {', '.join(map(str, gpus))}" if gpus else "")
         + ", left over from an earlier launch"
     )

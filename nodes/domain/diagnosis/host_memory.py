@@ -9,7 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, GiB, Hit, _fmt, _num
+from nodes.domain.diagnosis.evidence import (
+    SHARDS,
+    Bundle,
+    Diagnosis,
+    Evidence,
+    GiB,
+    Hit,
+    _fmt,
+    _num,
+)
 from nodes.domain.diagnosis.host_pools import (
     HOST_RESERVE_GB,
     HostPools,
@@ -105,7 +114,9 @@ def _pools_over_host(bundle: Bundle) -> PoolsOverHost | None:
         ram,
         before,
         limit,
-        tp=bundle.count("tp_size", "tensor_parallel_size", default=ranks),
+        tp=bundle.tp()
+        if bundle.vllm
+        else bundle.count("tp_size", "tensor_parallel_size", default=ranks),
         fits=math.floor((limit - HOST_RESERVE_GB - beside) / ranks - (found.each - first)),
         meant=math.floor(first / ranks),
         others=others,
@@ -202,10 +213,22 @@ def _pools_over_host_summary(found: PoolsOverHost) -> str:
         parts = " + ".join(f"{_fmt(p)} GB" for p in pools.pools)
         return (
             f"host RAM exhausted: host pools {parts} = {each} GB per rank x {pools.ranks} local "
-            f"ranks = {total} GB > {against}; SGLang checked each rank alone"
+            f"ranks = {total} GB > {against}; SGLang checked each rank alone{_each_passed(found)}"
         )
     per = f"--hicache-size {each} GB is per TP rank; {pools.ranks} ranks"
-    return f"host RAM exhausted: {per} x {each} GB = {total} GB > {against}"
+    return f"host RAM exhausted: {per} x {each} GB = {total} GB > {against}{_each_passed(found)}"
+
+
+def _each_passed(found: PoolsOverHost) -> str:
+    """Why SGLang's own check let it through: each rank's pool fit what was available less the
+    10 GiB reserve, checked before any rank had pinned (empty when it would not have)."""
+    budget = found.limit - HOST_RESERVE_GB
+    if found.before is None or found.pools.ranks < 2 or found.pools.each > budget:
+        return ""
+    return (
+        f"; each rank's own check passed ({_fmt(found.pools.each)} <= {_fmt(found.limit)} - "
+        f"{HOST_RESERVE_GB:.2f} = {budget:.2f} GB) because each checked before the others pinned"
+    )
 
 
 NODE_OOM_KILL = re.compile(r"Out of memory: Killed process (?P<pid>\d+)")
@@ -434,6 +457,15 @@ def _cgroup_oom_diagnosis(bundle: Bundle, found: CgroupOom) -> Diagnosis:
     if found.room is not None:
         numbers["suggested_hicache_size_gb"] = found.room
         fits = f" ({found.room} GB per rank here keeps the observed peak under 80 % of the limit)"
+    loaded = bundle.log.find(SHARDS)
+    if loaded and found.pools is None:
+        done, total = loaded[-1][1]["done"], loaded[-1][1]["total"]
+        numbers.update(shards_loaded=int(done), shards_total=int(total))
+        parts.append(f"killed while loading the weights ({done}/{total} checkpoint shards)")
+    code = (bundle.facts.get("exit") or {}).get("code")
+    if isinstance(code, int):
+        numbers["exit_code"] = code
+        parts.append(f"exit code {code}")
     signs = [Evidence(line, None, "snapshot") for line in found.sign_lines]
     signs += [bundle.evidence(hit) for hit in found.sign_hits]
     pool_lines = [bundle.evidence(h) for h in pools.hits[:2]] if pools else []
@@ -442,9 +474,17 @@ def _cgroup_oom_diagnosis(bundle: Bundle, found: CgroupOom) -> Diagnosis:
         secondary_categories=secondary,
         summary="; ".join(parts) + ", then the kernel OOM-killed the container's process",
         remedy=(
-            "size HiCache against the cgroup memory.max (the container limit not host RAM): "
-            f"lower --hicache-ratio or set --hicache-size{fits}; or raise the container's memory "
-            "limit, and keep headroom for runtime growth"
+            (
+                "size HiCache against the cgroup memory.max (the container limit not host RAM): "
+                f"lower --hicache-ratio or set --hicache-size{fits}; or raise the container's "
+                "memory limit, and keep headroom for runtime growth"
+            )
+            if found.pools is not None
+            else (
+                "raise the container memory limit (limits.memory; the container limit not node "
+                "RAM is what ran out): size the limit for weight loading (page cache + per-worker "
+                "staging), or load with fewer/lighter loader copies"
+            )
         ),
         evidence=signs[:3] + pool_lines,
         numbers=numbers,

@@ -259,6 +259,8 @@ def block_divisibility(bundle: Bundle) -> Diagnosis | None:
     best = max(fits) if fits else None
     if best is not None:
         numbers["suggested_tp_size"] = best
+    flag = "--tensor-parallel-size" if bundle.vllm else "--tp-size"
+    rule = f"{dim}/tp must be a multiple of {block}" if dim else f"dimension/tp % {block} == 0"
     return Diagnosis(
         category="tp-divisibility",
         summary=(
@@ -269,9 +271,14 @@ def block_divisibility(bundle: Bundle) -> Diagnosis | None:
         ),
         remedy=(
             f"use a tensor parallel size whose shard is a multiple of {block} ("
-            + (f"--tp-size {best}, " if best else "")
-            + f"dimension/tp must be a multiple of {block}), and put further GPUs to data or "
-            "pipeline parallelism; or a BF16 checkpoint, which has no blocks"
+            + (f"{flag} {best}, " if best else "")
+            + f"{rule}), and put further GPUs to data or pipeline parallelism "
+            + (
+                "(--data-parallel-size 2 or --pipeline-parallel-size 2)"
+                if bundle.vllm
+                else "(--dp)"
+            )
+            + "; or a BF16 checkpoint, which has no blocks"
         ),
         evidence=[bundle.evidence(hit)],
         numbers=numbers,

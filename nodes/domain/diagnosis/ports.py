@@ -41,6 +41,19 @@ def _port_holder(
                 if process.get("ppid") == 1 and "sglang" in str(process.get("cmdline")):
                     secondary = ["defunct-zombie-process"]
                     holder += ", an SGLang process of an earlier launch left behind"
+            dead = [
+                p
+                for p in processes.values()
+                if p.get("ppid") == pid and str(p.get("state") or "").startswith("Z")
+            ]
+            if dead:
+                secondary = ["defunct-zombie-process"]
+                numbers["defunct_children"] = len(dead)
+                holder += (
+                    f"; its {len(dead)} children ({dead[0].get('cmdline') or '?'} …) are "
+                    f"defunct: a server of an earlier launch that stopped serving but still "
+                    f"holds the port"
+                )
             break
     return holder, numbers, evidence, secondary
 
@@ -147,7 +160,15 @@ def _bind_in_use_diagnosis(bundle: Bundle, found: BindInUse) -> Diagnosis:
         summary=f"{what} failed: address already in use{holder}{derived}{behind}",
         remedy=(
             f"space --port of co-located servers at least 1000 apart{spaced} and give each its "
-            f"own kv-events/metrics ports, or stop the process holding the port{hicache}"
+            f"own kv-events/metrics ports, or stop the process holding the port"
+            + (
+                f" (kill the earlier launcher PID {numbers['holder_pid']:g} and its process "
+                "group, kill -TERM -<pgid>; its defunct children go with it), or choose another "
+                "port"
+                if "holder_pid" in numbers
+                else ""
+            )
+            + hicache
         ),
         evidence=[bundle.evidence(found.hit), *evidence],
         numbers=numbers,
@@ -188,7 +209,7 @@ def dist_store_in_use(bundle: Bundle) -> Diagnosis | None:
         if low <= port <= high:
             said += (
                 f"; nothing held it before or after, and it lies in the kernel's ephemeral "
-                f"range {low}-{high}: another connection took it between the probe and the "
+                f"range ({low} to {high}): another connection took it between the probe and the "
                 "bind (a race, not a leftover process)"
             )
     return Diagnosis(

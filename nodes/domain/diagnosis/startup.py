@@ -11,6 +11,7 @@ from nodes.domain.diagnosis.evidence import (
     LOAD_BEGIN,
     LOAD_END,
     RANK_TAG,
+    SHARDS,
     Bundle,
     Diagnosis,
     Evidence,
@@ -71,9 +72,6 @@ LOAD_BARRIER = re.compile(
     r"(?:TP rank (?P<rank>\d+) )?could finish the model loading, but there are other ranks "
     r"that didn't finish loading"
 )
-
-
-SHARDS = re.compile(r"checkpoint shards:\s*\d+% Completed \| (?P<done>\d+)/(?P<total>\d+)")
 
 
 @dataclass(frozen=True)
