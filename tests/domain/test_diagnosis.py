@@ -482,8 +482,11 @@ def test_a_new_one_line_signature_is_one_entry_of_data():
         remedy="copy the weights to {path} on the node",
     )
     log = "x\nFileNotFoundError: [Errno 2] No such file or directory: '/srv/m/config.json'\n"
-    found = disk(Bundle(Log(log), {}, {}))
-    assert found is not None and found.summary == "model config missing at /srv/m"
+    found = disk(Bundle(Log(log), {"exit": {"code": 1}}, {}))
+    # The template's words, then what the bundle says of the launch.
+    assert (
+        found is not None and found.summary == "model config missing at /srv/m (TP 1, exit code 1)"
+    )
     assert found.evidence[0].line == 2 and "/srv/m" in found.remedy
     assert disk(Bundle(Log("all fine"), {}, {})) is None
 

@@ -5,8 +5,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Hit
+from nodes.domain.diagnosis.evidence import (
+    VLLM_DEFAULT_UTILIZATION,
+    Bundle,
+    Diagnosis,
+    Evidence,
+    Hit,
+    _fmt,
+)
 from nodes.domain.diagnosis.host_memory import NODE_OOM_KILL
+from nodes.domain.diagnosis.pytorch_oom import gib_of
 
 # SGLang's ready line (§5) and vLLM's (uvicorn's) end of start-up.
 SERVED = re.compile(r"The server is fired up and ready to roll!|Application startup complete\.")
@@ -166,14 +174,18 @@ def _oom_kills(bundle: Bundle) -> list[Evidence]:
 
 
 RUNTIME_OOM = re.compile(
-    r"OutOfMemoryError: CUDA out of memory\. Tried to allocate (?P<tried>[\d.]+) (?P<unit>[GM]iB)"
+    r"OutOfMemoryError: (?:CUDA|HIP) out of memory\. Tried to allocate (?P<tried>[\d.]+) "
+    r"(?P<unit>[KGM]iB|bytes)"
 )
+# The same text's total and this process's use (PyTorch ≥ 2.1), when it prints them.
+CAPACITY = re.compile(r"has a total capaci?ty of (?P<total>[\d.]+ (?:[KGMT]iB|bytes))")
+IN_USE = re.compile(r"this process has (?P<used>[\d.]+ (?:[KGMT]iB|bytes)) memory in use")
 
 
 def served_then_gpu_oom(bundle: Bundle) -> Diagnosis | None:
-    """Out of GPU memory after the server was ready (under load): mem-fraction-static left too
-    little outside the static pool for activations (FORMAT.md: ``mem-fraction-too-high`` is for
-    an OOM after ready)."""
+    """Out of GPU memory after the server was ready (under load): mem-fraction-static (vLLM:
+    --gpu-memory-utilization) left too little outside the static pool for activations
+    (FORMAT.md: ``mem-fraction-too-high`` is for an OOM after ready)."""
     ready = bundle.log.first(SERVED)
     if ready is None:
         return None
@@ -181,8 +193,14 @@ def served_then_gpu_oom(bundle: Bundle) -> Diagnosis | None:
     if not hits:
         return None
     hit = hits[0]
-    mfs = bundle.number("mem_fraction_static")
+    tried = f"{hit[1]['tried']} {hit[1]['unit']}"
     numbers: dict[str, float] = {"tried_to_allocate": float(hit[1]["tried"])}
+    line = hit[1].string
+    total = CAPACITY.search(line)
+    used = IN_USE.search(line)
+    if bundle.vllm:
+        return _vllm_served_oom(bundle, ready, hit, tried, numbers, total, used)
+    mfs = bundle.number("mem_fraction_static")
     lower = ""
     if mfs is not None:
         numbers["mem_fraction_static"] = mfs
@@ -192,13 +210,54 @@ def served_then_gpu_oom(bundle: Bundle) -> Diagnosis | None:
         category="mem-fraction-too-high",
         summary=(
             f"the server was ready (line {ready[0]}), then ran out of GPU memory serving (tried "
-            f"to allocate {hit[1]['tried']} {hit[1]['unit']})"
+            f"to allocate {tried})"
             + (f" with --mem-fraction-static {mfs:g}" if mfs is not None else "")
             + ": the static pool leaves too little for activations under this load"
         ),
         remedy=(
             f"lower --mem-fraction-static{lower}, or cap the load with --max-running-requests "
             "or --chunked-prefill-size"
+        ),
+        evidence=[bundle.evidence(ready), bundle.evidence(hit)],
+        numbers=numbers,
+    )
+
+
+def _vllm_served_oom(
+    bundle: Bundle,
+    ready: Hit,
+    hit: Hit,
+    tried: str,
+    numbers: dict[str, float],
+    total: re.Match[str] | None,
+    used: re.Match[str] | None,
+) -> Diagnosis:
+    """vLLM's budget is --gpu-memory-utilization x the card; what a request's activations
+    (a long prompt, a large image) need beyond it is what ran out."""
+    util = bundle.engine_number("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION
+    numbers["gpu_memory_utilization"] = util
+    said = [f"the server was ready (line {ready[0]}), then ran out of GPU memory serving"]
+    said.append(f"tried to allocate {tried}")
+    if total is not None:
+        card = gib_of(total["total"])
+        budget = round(util * card, 2)
+        numbers.update(gpu_total_gib=round(card, 2), vllm_budget_gib=budget)
+        said.append(
+            f"--gpu-memory-utilization {_fmt(util)} gives vLLM {_fmt(util)} x {card:.2f} = "
+            f"{budget:.2f} GiB of the {total['total']} card, {card - budget:.2f} GiB outside it"
+        )
+    if used is not None:
+        numbers["process_in_use_gib"] = round(gib_of(used["used"]), 2)
+        said.append(f"this process had {used['used']} in use")
+    lower = round(max(util - 0.05, 0.5), 2)
+    numbers["suggested_gpu_memory_utilization"] = lower
+    return Diagnosis(
+        category="mem-fraction-too-high",
+        summary="; ".join(said) + ": a request needed more activation memory than was left",
+        remedy=(
+            f"lower --gpu-memory-utilization (to {lower:.2f}), enable chunked prefill and cap "
+            "--max-num-batched-tokens, lower --max-model-len, or cap multimodal inputs "
+            "(--limit-mm-per-prompt, max_pixels)"
         ),
         evidence=[bundle.evidence(ready), bundle.evidence(hit)],
         numbers=numbers,

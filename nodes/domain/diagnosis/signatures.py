@@ -28,7 +28,7 @@ class Signature:
         groups = {k: v or "" for k, v in hit[1].groupdict().items()}
         return Diagnosis(
             category=self.category,
-            summary=self.summary.format(**groups),
+            summary=self.summary.format(**groups) + _context(bundle),
             remedy=self.remedy.format(**groups),
             evidence=[bundle.evidence(hit)],
             numbers={k: float(groups[k]) for k in self.numbers if _figure(groups.get(k, ""))},
@@ -37,6 +37,15 @@ class Signature:
     @property
     def __name__(self) -> str:  # rules are named in logs and tests by their function name
         return f"signature:{self.category}"
+
+
+def _context(bundle: Bundle) -> str:
+    """What else the bundle says of the launch: its TP size and how it ended."""
+    said = [f"TP {bundle.tp()}"]
+    code = (bundle.facts.get("exit") or {}).get("code")
+    if isinstance(code, int):
+        said.append(f"exit code {code}")
+    return f" ({', '.join(said)})"
 
 
 def _figure(text: str) -> bool:

@@ -34,11 +34,12 @@ def vllm_gpu_occupied(bundle: Bundle) -> Diagnosis | None:
     util, want = _num(hit[1]["util"]), _num(hit[1]["want"])
     others = round(total - free, 2)
     fits = math.floor(free / total * 1000) / 1000
+    holders, held = _holders(bundle)
     return Diagnosis(
         category="gpu-occupied-by-other-process",
         secondary_categories=["mem-fraction-too-high"],
         summary=(
-            f"GPU already partly occupied: {others:.2f} GiB held by another process, so "
+            f"GPU already partly occupied: {others:.2f} GiB held by another process{held}, so "
             f"{_fmt(util)} x {total:.2f} = {want:.2f} GiB > {free:.2f} GiB free (short by "
             f"{want - free:.2f} GiB)"
         ),
@@ -56,8 +57,25 @@ def vllm_gpu_occupied(bundle: Bundle) -> Diagnosis | None:
             "requested_gib": want,
             "shortfall_gib": round(want - free, 2),
             "max_util_that_fits": fits,
+            **holders,
         },
     )
+
+
+def _holders(bundle: Bundle) -> tuple[dict[str, float], str]:
+    """The processes the earliest snapshot shows on the GPUs before the launch (its own are
+    not there yet): MiB each and their sum, in words."""
+    for snapshot in bundle.snapshots():
+        rows = [r for r in snapshot.get("gpu_processes") or [] if r.get("used_memory_bytes")]
+        if rows:
+            mib = [round(r["used_memory_bytes"] / 2**20) for r in rows]
+            names = ", ".join(f"PID {r.get('pid')} {r.get('name') or ''}".strip() for r in rows[:4])
+            total = sum(mib)
+            return {"holders_mib_total": total}, (
+                f" ({names}: {' + '.join(map(str, mib))} = {total} MiB, before this launch "
+                "started: processes left from an earlier server)"
+            )
+    return {}, ""
 
 
 KV_TOO_SMALL = re.compile(
