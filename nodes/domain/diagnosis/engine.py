@@ -23,6 +23,7 @@ from nodes.domain.diagnosis.gpu_memory import (
     gpu_oom_cuda_graph,
     mem_fraction_too_low,
     mem_fraction_window,
+    oom_beyond_the_weights,
 )
 from nodes.domain.diagnosis.host_memory import (
     host_oom_cgroup,
@@ -118,6 +119,7 @@ RULES: Sequence[Rule] = (
     host_precheck,
     mem_fraction_too_low,
     gpu_unbalanced,
+    oom_beyond_the_weights,
     port_in_use,
     port_bind_in_use,
     dist_store_in_use,

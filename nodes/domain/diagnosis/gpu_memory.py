@@ -543,3 +543,76 @@ def _fraction_window_card(found: FractionWindow) -> str:
     if found.before is not None:
         card += f", {found.before:.2f} GiB free before the weights"
     return card + ")"
+
+
+# A frame of the traceback that names the attention backend allocating at start-up
+# (sglang/srt/layers/attention/<name>_backend.py).
+BACKEND_FRAME = re.compile(r"layers/attention/(?P<backend>\w+?)_backend\.py")
+#: AITER's paged attention splits the context into partitions of this many tokens and sizes
+#: its workspace by their count (sglang/srt/layers/attention/aiter_backend.py,
+#: _AITER_PARTITION_SIZE_ROCM).
+AITER_PARTITION_TOKENS = 256
+
+
+def oom_beyond_the_weights(bundle: Bundle) -> Diagnosis | None:
+    """Out of GPU memory at start-up, outside graph capture, for an allocation larger than all
+    the weights left (free before loading − weights): with the KV pool at zero it still would
+    not fit, so no --mem-fraction-static works (FORMAT.md's ``mem-fraction-window``). A smaller
+    allocation is left to the rules that size the fraction."""
+    oom = bundle.log.first(OOM_SINCE_2_1)
+    begin, end = bundle.log.first(LOAD_BEGIN), bundle.log.first(LOAD_END)
+    if oom is None or begin is None or end is None or oom[0] < end[0]:
+        return None
+    if any(n < oom[0] for n, _ in bundle.log.find(READY_MARK)):
+        return None
+    tried, free, total = (gib_of(oom[1][k]) for k in ("tried", "free", "total"))
+    before, weights = _num(begin[1]["avail"]), _num(end[1]["used"])
+    left = before - weights
+    if tried <= left:
+        return None
+    numbers: dict[str, float] = {
+        "tried_to_allocate_gib": tried,
+        "free_gib": free,
+        "gpu_total_gib": total,
+        "avail_before_load_gib": before,
+        "weights_gib": weights,
+    }
+    frames = bundle.log.lines[end[0] : oom[0]]
+    backend = next((m["backend"] for m in map(BACKEND_FRAME.search, frames) if m), None)
+    where = f" in the {backend} attention backend's start-up allocation" if backend else ""
+    sized = ""
+    context = bundle.count("context_length", default=0) or _model_context(bundle)
+    if context:
+        numbers["context_length"] = context
+        sized = f"; it grows with the context length ({context} tokens)"
+        if backend == "aiter":
+            parts = -(-context // AITER_PARTITION_TOKENS)
+            numbers["max_num_partitions"] = parts
+            sized = (
+                f"; AITER sizes that workspace by the context length: {context} / "
+                f"{AITER_PARTITION_TOKENS} = {parts} partitions"
+            )
+    vendor = "HIP" if "HIP" in oom[1].group(0) else "CUDA"
+    return Diagnosis(
+        category="mem-fraction-window",
+        summary=(
+            f"{vendor} out of memory at start-up after the KV pool{where}: tried to allocate "
+            f"{oom[1]['tried']}, {oom[1]['free']} of {oom[1]['total']} free; the weights took "
+            f"{weights:.2f} of the {before:.2f} GiB free before loading, so even with no KV pool "
+            f"{left:.2f} GiB < {tried:.2f} GiB: no --mem-fraction-static makes room{sized}"
+        ),
+        remedy=(
+            "shrink the allocation: cap --context-length (and --max-running-requests), or use "
+            "another attention backend (--attention-backend triton); or free GPU memory / use a "
+            "GPU with more of it free"
+        ),
+        evidence=[bundle.evidence(oom), bundle.evidence(begin), bundle.evidence(end)],
+        numbers=numbers,
+    )
+
+
+def _model_context(bundle: Bundle) -> int:
+    """The model's own context length (config.json ``max_position_embeddings``), else 0."""
+    config = bundle.facts.get("model_config") or {}
+    value = config.get("max_position_embeddings")
+    return value if isinstance(value, int) and value > 0 else 0
