@@ -29,6 +29,14 @@ SUGGESTED: Mapping[str, Sequence[tuple[str, str]]] = {
     "tp-divisibility": (("--tp-size", "suggested_tp_size"),),
     "tp-gpu-mapping": (("--base-gpu-id", "max_valid_base_gpu_id"),),
 }
+#: vLLM's figures (its rules name them apart from SGLang's), by category.
+SUGGESTED_VLLM: Mapping[str, Sequence[tuple[str, str]]] = {
+    "gpu-oom-kv-cache": (("--max-model-len", "suggested_max_model_len"),),
+    "mem-fraction-too-low": (("--gpu-memory-utilization", "suggested_gpu_memory_utilization"),),
+    "mem-fraction-too-high": (("--gpu-memory-utilization", "suggested_gpu_memory_utilization"),),
+    "gpu-oom-cuda-graph": (("--gpu-memory-utilization", "suggested_gpu_memory_utilization"),),
+    "tp-divisibility": (("--tensor-parallel-size", "suggested_tp_size"),),
+}
 #: category → switches its remedy adds.
 SWITCHES: Mapping[str, Change] = {"trust-remote-code": {"--trust-remote-code": True}}
 #: Budget suggestions that answer a category (the budget engine does host and device pools).
@@ -41,12 +49,18 @@ BUDGET_ANSWERS = {
 
 
 def changes_for(
-    category: str, numbers: Mapping[str, Any], budget_suggestion: Mapping[str, Any] | None = None
+    category: str,
+    numbers: Mapping[str, Any],
+    budget_suggestion: Mapping[str, Any] | None = None,
+    *,
+    engine: str = "sglang",
 ) -> Change:
-    """The flag changes that carry out the remedy of a ``category`` diagnosis; ``{}`` when the
-    remedy is not a flag change (a cleanup, a reboot, a bigger /dev/shm)."""
+    """The flag changes that carry out the remedy of a ``category`` diagnosis, spelled as
+    ``engine`` (``sglang`` or ``vllm``) spells them; ``{}`` when the remedy is not a flag change
+    (a cleanup, a reboot, a bigger /dev/shm)."""
     changes: Change = dict(SWITCHES.get(category, {}))
-    for option, key in SUGGESTED.get(category, ()):
+    table = SUGGESTED_VLLM if engine == "vllm" else SUGGESTED
+    for option, key in table.get(category, ()):
         value = numbers.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             changes[option] = _plain(value)

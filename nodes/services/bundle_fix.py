@@ -32,17 +32,17 @@ def change_of(found: Diagnosis, facts: Mapping[str, Any]) -> dict[str, Any] | No
         argv, env = split_command(command)
     except ValueError:
         return None
-    engine = facts.get("engine") or "sglang"
+    engine = "vllm" if facts.get("engine") == "vllm" else "sglang"
     budget = _budget(argv, env, facts, version) if engine == "sglang" else None
     suggestion = dict(budget.suggestion) if budget and budget.suggestion else None
-    changes = remedy.changes_for(found.category, found.numbers, suggestion)
-    if not changes:
-        return None
+    changes = remedy.changes_for(found.category, found.numbers, suggestion, engine=engine)
+    if not changes or engine != "sglang":
+        return changes or None  # no flag table or budget for other engines: as suggested
     try:
         changed = remedy.with_changes(argv, changes, table(version))
     except ValueError:
         return None
-    after = _budget(changed, env, facts, version) if engine == "sglang" else None
+    after = _budget(changed, env, facts, version)
     if after is not None and after.verdict == "block":
         return None
     return changes

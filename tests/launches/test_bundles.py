@@ -162,8 +162,11 @@ def test_the_diagnose_command_reads_folders_and_archives(settings, tmp_path):
         "evidence",
         "remedy",
         "numbers",
+        "change",
     }
     assert doc["category"] == "host-mem-precheck" and "34.13 GB usable" in doc["summary"]
+    # The remedy as flags: the largest --hicache-size per rank that fits (34 GB of 34.13 GB).
+    assert doc["change"] == {"--hicache-size": 34}
     files = {f"C09/{p.name}": p.read_bytes() for p in (CASES / "C09").iterdir()}
     archive = manage_py(settings, "diagnose", str(make_archive(tmp_path / "c09.tar.gz", files)))
     assert archive.returncode == 0 and archive.stdout.startswith("mem-fraction-too-low: ")

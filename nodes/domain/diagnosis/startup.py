@@ -238,8 +238,8 @@ def engine_ready_timeout(bundle: Bundle) -> Diagnosis | None:
     if hit is None:
         return None
     env = bundle.facts.get("env") or {}
-    limit = env.get("VLLM_ENGINE_READY_TIMEOUT_S")
-    seconds = int(limit) if str(limit or "").isdigit() else VLLM_ENGINE_READY_DEFAULT_S
+    limit = str(env.get("VLLM_ENGINE_READY_TIMEOUT_S") or "")
+    seconds = int(limit) if limit.isdigit() else VLLM_ENGINE_READY_DEFAULT_S
     numbers, loading = _loading_at(bundle, hit[0])
     numbers["engine_ready_timeout_s"] = seconds
     return Diagnosis(
