@@ -3,7 +3,9 @@
 Cases: (1) the incident's log grown to 1,000,000 lines of ordinary SGLang output (rank-tagged
 prefill/decode lines) with the 8 host-pool lines and the failure at the end; (2) the same
 without any signature (every rule scans every line and none matches: the worst ordinary case);
-(3) 2,000 lines of 60,000 characters (a binary dump or a progress bar without newlines), the
+(3) 1,000,000 lines no two of which have the same shape (their letters differ), the worst case
+for the index of line shapes; (4) 2,000 lines of 60,000 characters (a binary dump or a progress
+bar without newlines), the
 input that made one pattern quadratic before lines were cut. Each case is diagnosed 3 times;
 the best and worst wall times are printed. No target is enforced here: the figures go to
 benchmarks/RESULTS.md.
@@ -38,6 +40,18 @@ def ordinary(lines: int) -> list[str]:
     ]
 
 
+def distinct(lines: int) -> list[str]:
+    """Lines no two of which look alike even with their digits ignored (letters vary): the
+    worst case for the shape index, which then holds every line."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return [
+        "[worker] chunk "
+        + "".join(letters[(i // 26**k) % 26] for k in range(5))
+        + " streamed to the client with status ok"
+        for i in range(lines)
+    ]
+
+
 def incident_tail() -> list[str]:
     return [
         f"[2026-12-01 11:00:0{r} TP{r}] Allocating 300.00 GB host memory for hierarchical KV cache."
@@ -62,6 +76,7 @@ def main() -> None:
     body = ordinary(1_000_000)
     measure("1M lines + incident", "\n".join(body + incident_tail()) + "\n")
     measure("1M lines, no signature", "\n".join(body) + "\n")
+    measure("1M distinct lines, no signature", "\n".join(distinct(1_000_000)) + "\n")
     measure("2,000 lines of 60,000 chars", "\n".join(["[" + "x" * 60000 + "]"] * 2000) + "\n")
 
 

@@ -4,11 +4,13 @@ the evidence and the diagnosis; with the log formats and number helpers every ru
 from __future__ import annotations
 
 import ast
+import bisect
 import functools
+import itertools
 import math
 import re
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from functools import cached_property
@@ -69,6 +71,8 @@ class Log:
         self.lines = [line[: self.MAX_LINE] for line in text.splitlines()]
         self._text = "\n".join(self.lines)
         self._found: dict[re.Pattern[str], list[tuple[int, re.Match[str]]]] = {}
+        self._at: dict[str, list[int]] = {}
+        self._shape_index: tuple[str, list[int], list[list[int]] | None] | None = None
 
     def find(self, pattern: str | re.Pattern[str]) -> list[tuple[int, re.Match[str]]]:
         regex = re.compile(pattern) if isinstance(pattern, str) else pattern
@@ -78,22 +82,71 @@ class Log:
 
     def _search(self, regex: re.Pattern[str]) -> list[tuple[int, re.Match[str]]]:
         # Most signatures are absent from most logs: a literal every match must contain is
-        # looked for first (a substring search, far faster than the regex on a long log).
+        # looked for first (a substring search, far faster than the regex on a long log), and
+        # the regex runs only on the lines that hold one.
         needles = needles_of(regex)
-        if needles is not None and not any(n in self._text for n in needles):
-            return []
+        if needles is None:
+            numbers: Iterable[int] = range(len(self.lines))
+        else:
+            numbers = sorted({i for n in needles for i in self._lines_with(n)})
         found = []
-        for number, line in enumerate(self.lines, 1):
-            if needles is not None and not any(n in line for n in needles):
-                continue
-            match = regex.search(line)
+        for index in numbers:
+            match = regex.search(self.lines[index])
             if match:
-                found.append((number, match))
+                found.append((index + 1, match))
         return found
+
+    def _lines_with(self, needle: str) -> list[int]:
+        """The 0-based indexes of the lines holding ``needle``; remembered, as patterns share
+        literals. A needle never spans lines (none holds a line break)."""
+        if needle not in self._at:
+            text, starts, lines_of = self._shapes()
+            key = needle if lines_of is None else needle.translate(_DIGITS_TO_ZERO)
+            at: list[int] = []
+            where = text.find(key)
+            while where != -1:
+                row = bisect.bisect_right(starts, where) - 1
+                if lines_of is None:
+                    at.append(row)
+                else:
+                    at += (i for i in lines_of[row] if needle in self.lines[i])
+                # Go on after this row: each is searched once.
+                where = text.find(key, starts[row + 1] if row + 1 < len(starts) else len(text))
+            self._at[needle] = at
+        return self._at[needle]
+
+    #: Lines sampled to decide whether the shape index pays, and the share of distinct shapes
+    #: above which it does not (each line its own shape: the plain text is searched instead).
+    SHAPE_SAMPLE = 20_000
+    SHAPE_DISTINCT_MAX = 0.5
+
+    def _shapes(self) -> tuple[str, list[int], list[list[int]] | None]:
+        """What needles are looked for in: the log's distinct line *shapes* (each digit read as
+        0: a long log repeats a few status lines with other figures), joined, with each one's
+        offset and its lines; or, for a log whose lines rarely repeat a shape, the log itself
+        with each line's offset (and ``None``)."""
+        if self._shape_index is None:
+            sample = self.lines[: self.SHAPE_SAMPLE]
+            shaped_sample = {line.translate(_DIGITS_TO_ZERO) for line in sample}
+            if len(shaped_sample) > self.SHAPE_DISTINCT_MAX * max(len(sample), 1):
+                starts = [0, *itertools.accumulate(len(x) + 1 for x in self.lines[:-1])]
+                self._shape_index = (self._text, starts, None)
+                return self._shape_index
+            by_shape: dict[str, list[int]] = {}
+            shaped = self._text.translate(_DIGITS_TO_ZERO).split("\n")
+            for index, shape in enumerate(shaped):
+                by_shape.setdefault(shape, []).append(index)
+            shapes = list(by_shape)
+            starts = [0, *itertools.accumulate(len(x) + 1 for x in shapes[:-1])]
+            self._shape_index = ("\n".join(shapes), starts, list(by_shape.values()))
+        return self._shape_index
 
     def first(self, pattern: str | re.Pattern[str]) -> tuple[int, re.Match[str]] | None:
         hits = self.find(pattern)
         return hits[0] if hits else None
+
+
+_DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
 
 
 SPECIAL = set(".^$*+?{}[]()|\\")
@@ -104,7 +157,7 @@ ESCAPED_LITERALS = set(".^$*+?{}[]()|\\-/:'\" #%,;=<>!@&~`")
 @functools.cache
 def needles_of(regex: re.Pattern[str]) -> tuple[str, ...] | None:
     """Literal text every match of ``regex`` contains, read from its source: for each branch of
-    a top-level ``|``, its longest run of literal characters (4 or more) outside groups and
+    a top-level ``|``, its longest run of literal characters (3 or more) outside groups and
     classes and not made optional by a quantifier. A match contains one of them; ``None`` when
     some branch has no such run."""
     if regex.flags & (re.IGNORECASE | re.VERBOSE):
@@ -129,7 +182,7 @@ def needles_of(regex: re.Pattern[str]) -> tuple[str, ...] | None:
             runs.append(run)
             run = ""
         best = max([*runs, run], key=len)
-        if len(best) < 4:
+        if len(best) < 3:
             return None
         found.append(best)
     return tuple(found)

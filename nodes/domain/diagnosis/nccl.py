@@ -56,7 +56,7 @@ DIST_PROGRESS_OR_ERROR = re.compile(
 
 
 RANK_DIED = re.compile(
-    r"Rank (?P<rank>\d+) scheduler (?:died|is dead)(?:.*?exit code: (?P<code>-?\d+))?", re.I
+    r"[Rr]ank (?P<rank>\d+) [Ss]cheduler (?:died|is dead)(?:.*?[Ee]xit code: (?P<code>-?\d+))?"
 )
 
 
