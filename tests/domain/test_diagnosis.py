@@ -783,3 +783,18 @@ def test_a_host_oom_with_no_other_launch_said_keeps_the_gpu_share():
     found = diagnose(log, facts, {"tp_size": 4, "hicache_size": 105})
     assert found.category == "host-oom-hicache"
     assert "other_launches_gb" not in found.numbers
+
+
+def test_a_figure_that_cannot_be_read_still_names_the_failure_and_says_so():
+    """Evidence first: the capture OOM's line shows the failure even when one of its sizes is
+    garbled; the rule cannot compute its arithmetic, and says which figure it could not read."""
+    log = (
+        "[2026-01-01 00:08:43 TP0] Capture cuda graph begin. This can take up to several minutes.\n"
+        "[2026-01-01 00:08:51 TP0] Exception: Capture cuda graph failed: CUDA out of memory. "
+        "Tried to allocate 1.2.3 GiB. GPU 0 has a total capacity of 95.00 GiB of which 1.12 GiB "
+        "is free.\n"
+    )
+    found = diagnose(log, {}, {"mem_fraction_static": 0.95})
+    assert found.category == "gpu-oom-cuda-graph", found.summary
+    assert "could not be read" in found.summary and "1.2.3" in found.summary
+    assert found.evidence[0].line == 2

@@ -5,6 +5,7 @@ is here so that no rule module has to import this one."""
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from nodes.domain.diagnosis.gpu_holders import (
     survivors_diagnosis,
 )
 from nodes.domain.diagnosis.gpu_memory import (
+    NOT_ENOUGH_KV,
     gpu_oom_cuda_graph,
     mem_fraction_too_low,
     mem_fraction_window,
@@ -33,19 +35,28 @@ from nodes.domain.diagnosis.host_memory import (
 )
 from nodes.domain.diagnosis.kv_pool import kv_pool_exhausted
 from nodes.domain.diagnosis.launch_settings import (
+    HF_MISSING,
+    NOT_DIVISIBLE,
     block_divisibility,
     model_not_found,
     tp_divisibility,
     tp_gpu_mapping,
 )
 from nodes.domain.diagnosis.nccl import (
+    SHM_SEGMENT,
     gloo_loopback,
     nccl_init_hang,
     nccl_shm,
     p2p_hang,
     shm_insufficient,
 )
-from nodes.domain.diagnosis.ports import dist_store_in_use, port_bind_in_use, port_in_use
+from nodes.domain.diagnosis.ports import (
+    BIND_IN_USE,
+    PORT_WAIT,
+    dist_store_in_use,
+    port_bind_in_use,
+    port_in_use,
+)
 from nodes.domain.diagnosis.runtime import (
     served_then_failed,
     served_then_gpu_oom,
@@ -53,6 +64,7 @@ from nodes.domain.diagnosis.runtime import (
 )
 from nodes.domain.diagnosis.signatures import SIGNATURES
 from nodes.domain.diagnosis.startup import (
+    ENGINE_READY_TIMEOUT,
     engine_ready_timeout,
     health_check_failure,
     killed_while_starting,
@@ -60,6 +72,7 @@ from nodes.domain.diagnosis.startup import (
     startup_timeout,
 )
 from nodes.domain.diagnosis.vllm import (
+    NO_CACHE_BLOCKS,
     kv_cache_too_small,
     kv_needed_v1,
     no_cache_blocks,
@@ -136,6 +149,64 @@ RULES: Sequence[Rule] = (
 )
 
 
+#: The line that alone shows a rule's failure, whatever its figures say (evidence first): a
+#: rule that cannot read a figure of it still names the category (``_unreadable``).
+RECOGNISED_BY: Mapping[Rule, tuple[str, re.Pattern[str]]] = {
+    kv_cache_too_small: ("gpu-oom-kv-cache", re.compile(r"stored in KV cache \(")),
+    kv_needed_v1: ("gpu-oom-kv-cache", re.compile(r"KV cache is needed, which is larger than")),
+    no_cache_blocks: ("mem-fraction-too-low", NO_CACHE_BLOCKS),
+    vllm_gpu_occupied: (
+        "gpu-occupied-by-other-process",
+        re.compile(r"on startup is less than desired GPU memory"),
+    ),
+    gpu_oom_cuda_graph: (
+        "gpu-oom-cuda-graph",
+        re.compile(r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*out of memory"),
+    ),
+    host_precheck: ("host-mem-precheck", re.compile(r"Not enough host memory available")),
+    mem_fraction_too_low: ("mem-fraction-too-low", NOT_ENOUGH_KV),
+    nccl_shm: ("nccl-shm", SHM_SEGMENT),
+    shm_insufficient: ("nccl-shm", re.compile(r"Insufficient space in /dev/shm")),
+    tp_divisibility: ("tp-divisibility", NOT_DIVISIBLE),
+    block_divisibility: (
+        "tp-divisibility",
+        re.compile(r"is not divisible by weight quantization block"),
+    ),
+    model_not_found: ("model-not-found", HF_MISSING),
+    port_in_use: ("port-in-use", PORT_WAIT),
+    port_bind_in_use: ("port-in-use", BIND_IN_USE),
+    dist_store_in_use: ("port-in-use", re.compile(r"EADDRINUSE")),
+    engine_ready_timeout: ("startup-timeout", ENGINE_READY_TIMEOUT),
+    router_timeout: ("startup-timeout", re.compile(r"waiting for workers to become healthy")),
+    kv_pool_exhausted: (
+        "gpu-oom-kv-cache",
+        re.compile(r"(?:Decode|Prefill) out of memory\. Try to lower"),
+    ),
+}
+
+
+def _unreadable(bundle: Bundle, rule: Rule, exc: Exception) -> Diagnosis | None:
+    """``rule`` raised reading its figures: its category, from the line that shows it, with
+    the figure it could not compute said; ``None`` where no such line is in the log."""
+    category, pattern = RECOGNISED_BY.get(rule, ("", None))
+    hit = bundle.log.first(pattern) if pattern is not None else None
+    if hit is None:
+        return None
+    what = str(exc).split("\n")[0][:120] or type(exc).__name__
+    return Diagnosis(
+        category=category,
+        summary=(
+            f"{category}: the log shows it (line {hit[0]}), but a figure of it could not be "
+            f"read ({what}), so the arithmetic is not computed"
+        ),
+        remedy=(
+            "read the quoted line for the sizes; the category's usual fix applies once they are "
+            "known (see the line)"
+        ),
+        evidence=[bundle.evidence(hit)],
+    )
+
+
 # facts.json's shape (tests/fixtures/cases/FORMAT.md), for _clean.
 RECORD_LISTS = {"snapshots", "gpus", "processes", "gpu_processes", "listening_ports", "interfaces"}
 
@@ -198,10 +269,11 @@ def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) 
     for rule in RULES:
         try:
             found = rule(bundle)
-        except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError):
-            # Evidence a rule cannot read (a number it cannot parse, a shape it does not know)
-            # is no evidence for it: the next rule, and in the end ``unknown``, answer instead.
-            continue
+        except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError) as exc:
+            # A figure the rule cannot read (a number it cannot parse, a shape it does not
+            # know): where the failure's own line is in the log, it is still that failure, said
+            # without the figure; else it is no evidence, and the next rule answers.
+            found = _unreadable(bundle, rule, exc)
         if found is not None:
             return found
     return Diagnosis(
