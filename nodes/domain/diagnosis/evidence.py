@@ -359,8 +359,12 @@ class Bundle:
     def notes(self) -> list[str]:
         """The snapshots' notes, oldest first, each as what it asserts (``plain_words``): a
         negated, asked or hypothetical mention of a failure is not evidence of it."""
+        return list(self._asserted_notes)
+
+    @cached_property
+    def _asserted_notes(self) -> tuple[str, ...]:
         found = (asserted(str(n)) for s in self.snapshots() for n in s.get("notes") or [])
-        return [n for n in found if n]
+        return tuple(n for n in found if n)
 
     def note_match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
         """The first snapshot note with ``pattern``: figures the collector wrote in words."""
