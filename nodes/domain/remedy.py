@@ -27,6 +27,7 @@ SUGGESTED: Mapping[str, Sequence[tuple[str, str]]] = {
         ("--cuda-graph-max-bs", "suggested_cuda_graph_max_bs"),
     ),
     "tp-divisibility": (("--tp-size", "suggested_tp_size"),),
+    "gpu-oom-weights": (("--tp-size", "suggested_tp_size"),),
     "tp-gpu-mapping": (("--base-gpu-id", "max_valid_base_gpu_id"),),
 }
 #: vLLM's figures (its rules name them apart from SGLang's), by category.
@@ -36,6 +37,7 @@ SUGGESTED_VLLM: Mapping[str, Sequence[tuple[str, str]]] = {
     "mem-fraction-too-high": (("--gpu-memory-utilization", "suggested_gpu_memory_utilization"),),
     "gpu-oom-cuda-graph": (("--gpu-memory-utilization", "suggested_gpu_memory_utilization"),),
     "tp-divisibility": (("--tensor-parallel-size", "suggested_tp_size"),),
+    "gpu-oom-weights": (("--tensor-parallel-size", "suggested_tp_size"),),
 }
 #: category → switches its remedy adds.
 SWITCHES: Mapping[str, Change] = {"trust-remote-code": {"--trust-remote-code": True}}

@@ -26,6 +26,7 @@ from nodes.domain.diagnosis.gpu_memory import (
     mem_fraction_too_low,
     mem_fraction_window,
     oom_beyond_the_weights,
+    oom_loading_weights,
 )
 from nodes.domain.diagnosis.host_memory import (
     host_oom_cgroup,
@@ -49,6 +50,7 @@ from nodes.domain.diagnosis.nccl import (
     nccl_shm,
     p2p_hang,
     shm_insufficient,
+    startup_collective_timeout,
 )
 from nodes.domain.diagnosis.ports import (
     BIND_IN_USE,
@@ -117,6 +119,7 @@ RULES: Sequence[Rule] = (
     gpu_oom_cuda_graph,
     gpu_held_at_oom,
     gpu_held_outside_at_oom,
+    oom_loading_weights,
     health_check_failure,
     startup_timeout,
     engine_ready_timeout,
@@ -125,6 +128,7 @@ RULES: Sequence[Rule] = (
     nccl_shm,
     shm_insufficient,
     gloo_loopback,
+    startup_collective_timeout,
     *SIGNATURES,
     tp_divisibility,
     block_divisibility,

@@ -616,3 +616,80 @@ def _model_context(bundle: Bundle) -> int:
     config = bundle.facts.get("model_config") or {}
     value = config.get("max_position_embeddings")
     return value if isinstance(value, int) and value > 0 else 0
+
+
+# Where a log is loading the weights (SGLang, vLLM V0 and V1), where it has finished, and the
+# traceback frames of code that allocates them.
+LOADING_MARK = re.compile(
+    r"Load weight begin|Loading safetensors checkpoint shards|Using model weights format|"
+    r"Starting to load model|Loading weights|in create_weights|in load_weights|"
+    r"in weight_loader|in load_model"
+)
+LOADED_MARK = re.compile(
+    r"Load weight end|Loading model weights took|Model loading took|Loading weights took"
+)
+ALLOCATED = re.compile(r"Of the allocated memory (?P<allocated>[\d.]+ (?:[KGMT]iB|bytes))")
+
+
+def oom_loading_weights(bundle: Bundle) -> Diagnosis | None:
+    """Out of GPU memory while the weights load (after a loading mark, before any loaded
+    mark): the weights do not fit the GPUs at this TP size (FORMAT.md ``gpu-oom-weights``).
+    The rules for memory another process holds come first."""
+    oom = bundle.log.first(OOM_SINCE_2_1) or bundle.log.first(OOM_BEFORE_2_1)
+    if oom is None:
+        return None
+    loading = [n for n, _ in bundle.log.find(LOADING_MARK) if n <= oom[0] + 40]
+    loaded = [n for n, _ in bundle.log.find(LOADED_MARK) if n < oom[0]]
+    if not loading or loaded:
+        return None
+    tp = bundle.tp()
+    visible = _visible_gpus(bundle)
+    numbers: dict[str, float] = {"tensor_parallel_size": tp}
+    said = (
+        f"GPU out of memory while loading the weights on GPU {oom[1]['gpu']} (TP {tp}): tried to "
+        f"allocate {oom[1]['tried']}, {oom[1]['free']} of {oom[1]['total']} free"
+    )
+    numbers.update(
+        tried_to_allocate_gib=round(gib_of(oom[1]["tried"]), 2),
+        free_gib=round(gib_of(oom[1]["free"]), 2),
+        gpu_total_gib=round(gib_of(oom[1]["total"]), 2),
+    )
+    allocated = ALLOCATED.search(oom[1].string)
+    if allocated is not None:
+        numbers["allocated_by_pytorch_gib"] = round(gib_of(allocated["allocated"]), 2)
+        said += f", {allocated['allocated']} already allocated by PyTorch"
+    wider = None
+    if visible:
+        numbers["visible_gpus"] = visible
+        if visible > tp:
+            wider = visible
+            said += f"; {visible} GPUs are visible but TP {tp} puts the weights on {tp}"
+    said += f": the weights do not fit {tp} GPU{'s' if tp > 1 else ''}"
+    weights = bundle.facts.get("model_weights_bytes")
+    if isinstance(weights, int) and weights > 0:
+        numbers["weights_gb"] = round(weights / 1e9, 2)
+        said += f" ({weights / 1e9:.2f} GB of weights)"
+    if wider:
+        numbers["suggested_tp_size"] = wider
+    flag = "--tensor-parallel-size" if bundle.vllm else "--tp-size"
+    return Diagnosis(
+        category="gpu-oom-weights",
+        summary=said,
+        remedy=(
+            f"shard the weights over more GPUs: {flag} "
+            + (str(wider) if wider else "N")
+            + " (tensor parallelism across the visible GPUs), or a quantized checkpoint "
+            "(AWQ/GPTQ/int4/FP8), or a smaller model"
+        ),
+        evidence=[bundle.evidence(oom)],
+        numbers=numbers,
+    )
+
+
+def _visible_gpus(bundle: Bundle) -> int:
+    """GPUs the launch could use: CUDA_VISIBLE_DEVICES, else the node's; 0 when unknown."""
+    env = bundle.facts.get("env") or {}
+    visible = str(env.get("CUDA_VISIBLE_DEVICES") or "")
+    if visible and all(p.strip().isdigit() for p in visible.split(",")):
+        return len(visible.split(","))
+    return len((bundle.facts.get("node") or {}).get("gpus") or [])

@@ -7,7 +7,8 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit, _num, _when
+from nodes.domain.diagnosis.evidence import LOAD_END, Bundle, Diagnosis, Hit, _num, _when
+from nodes.domain.diagnosis.runtime import NCCL_WATCHDOG, SERVED
 
 SHM_SEGMENT = re.compile(
     r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)"
@@ -372,5 +373,54 @@ def p2p_hang(bundle: Bundle) -> Diagnosis | None:
             "off PCIe), or fix PCIe P2P on the host (disable ACS, check the IOMMU setting)"
         ),
         evidence=[bundle.evidence(channel), bundle.evidence(complete[-1])],
+        numbers=numbers,
+    )
+
+
+def startup_collective_timeout(bundle: Bundle) -> Diagnosis | None:
+    """NCCL's watchdog ended a collective before the server was ready: a start-up collective
+    (after distributed init, often the first one after loading) that some ranks never joined;
+    across nodes, usually the other node's ranks (slower or failed load, another model path,
+    not started). After ready it is a runtime failure (``runtime.served_then_failed``)."""
+    hit = bundle.log.first(NCCL_WATCHDOG)
+    if hit is None:
+        return None
+    ready = bundle.log.first(SERVED)
+    if ready is not None and ready[0] < hit[0]:
+        return None
+    timeout, ran, seq = int(hit[1]["timeout"]), int(hit[1]["ran"]), int(hit[1]["seq"])
+    tp = bundle.tp()
+    nodes = bundle.facts.get("nodes_in_launch")
+    nodes = nodes if isinstance(nodes, int) and nodes > 1 else bundle.count("nnodes")
+    numbers: dict[str, float] = {
+        "nccl_timeout_ms": timeout,
+        "ran_for_ms": ran,
+        "seq_num": seq,
+        "tp_size": tp,
+        "nnodes": nodes,
+    }
+    loaded = ""
+    ends = bundle.log.find(LOAD_END)
+    if ends and ends[-1][0] < hit[0]:
+        loaded = f"; this node's {len(ends)} ranks had finished loading the weights"
+    others = (
+        f"; the ranks on the other {nodes - 1} node{'s' if nodes > 2 else ''} never joined"
+        if nodes > 1
+        else "; a rank never joined"
+    )
+    return Diagnosis(
+        category="nccl-init-hang",
+        secondary_categories=[],
+        summary=(
+            f"a start-up collective timed out before the server was ready (TP {tp} over "
+            f"{nodes} node{'s' if nodes > 1 else ''}): {hit[1]['op']} SeqNum={seq} ran for "
+            f"{ran} ms against Timeout(ms)={timeout} ({timeout / 1000:g} s){loaded}{others}"
+        ),
+        remedy=(
+            "check the other node's log (a slower or failed weight load, the same model path on "
+            "both nodes, that it started at all); load weights from fast local storage on every "
+            "node; raise --dist-timeout if its load is merely slow; check NCCL_SOCKET_IFNAME"
+        ),
+        evidence=[bundle.evidence(hit)],
         numbers=numbers,
     )
