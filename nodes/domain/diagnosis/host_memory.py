@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from nodes.domain.diagnosis.evidence import (
     SHARDS,
     Bundle,
@@ -38,38 +40,92 @@ PRECHECK = re.compile(
 
 
 def host_precheck(bundle: Bundle) -> Diagnosis | None:
-    """SGLang's own host-memory check refused the HiCache pool (§2, §6)."""
+    """SGLang's own host-memory check refused the HiCache pool (§2, §6). It compares the pool
+    with MemAvailable less a 10 GiB reserve; versions before sglang#8102 print MemAvailable as
+    "free", later ones the figure after the reserve. Which one a message printed is read from
+    MemAvailable before the launch when the bundle has it, else from the message itself (a
+    request below the printed figure can only have been refused by the hidden reserve)."""
     hit = bundle.log.first(PRECHECK)
     if hit is None:
         return None
     requested, free = _num(hit[1]["requested"]), _num(hit[1]["free"])
-    usable = free - HOST_RESERVE_GB
-    short = requested - usable
     reserve = round(HOST_RESERVE_GB, 2)
+    available = _available_before(bundle)
+    if available is not None:
+        before_reserve = abs(available - free) < abs(available - HOST_RESERVE_GB - free)
+    elif (printed := _precheck_prints_before_reserve(bundle)) is not None:
+        before_reserve = printed
+    else:
+        before_reserve = True  # the older wording, unless the message itself says otherwise
+    if requested <= free:
+        before_reserve = True  # a request under the printed figure: only the reserve refuses it
+    usable = free - HOST_RESERVE_GB if before_reserve else free
+    short = requested - usable
+    numbers = {
+        "requested_gb": requested,
+        "reported_free_gb": free,
+        "reserve_gb": reserve,
+        "effective_free_gb": round(usable, 2),
+        "shortfall_gb": round(short, 2),
+        # Every rank on the node pins its own pool out of the same free memory.
+        "suggested_hicache_size_gb": max(math.floor(usable / bundle.local_ranks()), 0),
+    }
+    if before_reserve:
+        counted = (
+            f"{_fmt(free)} GB free minus SGLang's fixed 10 GiB ({_fmt(reserve)} GB) reserve = "
+            f"{_fmt(usable)} GB usable"
+        )
+    else:
+        counted = f"{_fmt(free)} GB usable after SGLang's fixed 10 GiB ({_fmt(reserve)} GB) reserve"
+        if available is not None:
+            numbers["mem_available_gb"] = round(available, 2)
+            counted += f" (MemAvailable {available:.2f} GB - {_fmt(reserve)} GB)"
+    hugepages = _free_hugepages_gib(bundle)
+    unseen = fix = ""
+    if hugepages:
+        numbers["hugepages_free_gib"] = hugepages
+        unseen = (
+            f"; {hugepages:.2f} GiB of reserved HugePages are free (HugePages_Free) and "
+            "MemAvailable excludes reserved hugepages, so a pool backed by them is refused "
+            "though it would fit"
+        )
+        fix = "; or shrink vm.nr_hugepages so the check sees the memory"
     return Diagnosis(
         category="host-mem-precheck",
         secondary_categories=["host-oom-hicache"],
         summary=(
-            f"host RAM precheck failed: hicache {_fmt(requested)} GB requested, {_fmt(free)} GB "
-            f"free minus SGLang's fixed 10 GiB ({_fmt(reserve)} GB) reserve = {_fmt(usable)} GB "
-            f"usable (short by {_fmt(short)} GB)"
+            f"host RAM precheck failed: hicache {_fmt(requested)} GB requested, {counted} (short "
+            f"by {_fmt(short)} GB){unseen}"
         ),
         remedy=(
             f"reduce --hicache-size so that --hicache-size <= MemAvailable - {_fmt(reserve)} GB "
-            f"({math.floor(usable)} GB per rank here; the 10 GiB reserve is SGLang's own), or "
-            "free host memory before launching"
+            f"({max(math.floor(usable), 0)} GB per rank here; the 10 GiB reserve is SGLang's "
+            f"own), or free host memory before launching{fix}"
         ),
         evidence=[bundle.evidence(hit)],
-        numbers={
-            "requested_gb": requested,
-            "reported_free_gb": free,
-            "reserve_gb": reserve,
-            "effective_free_gb": round(usable, 2),
-            "shortfall_gb": round(short, 2),
-            # Every rank on the node pins its own pool out of the same free memory.
-            "suggested_hicache_size_gb": max(math.floor(usable / bundle.local_ranks()), 0),
-        },
+        numbers=numbers,
     )
+
+
+def _precheck_prints_before_reserve(bundle: Bundle) -> bool | None:
+    """Whether this SGLang version's precheck message prints MemAvailable before the 10 GiB
+    reserve (0.4.10.post2–0.5.18) or the share after it (0.5.19+, per rank: shared/reference
+    sglang.md §2); ``None`` when the version is unknown."""
+    try:
+        version = Version(str(bundle.facts.get("engine_version") or ""))
+    except InvalidVersion:
+        return None
+    return version < Version("0.5.19")
+
+
+def _free_hugepages_gib(bundle: Bundle) -> float | None:
+    """Free reserved hugepages before the launch, GiB (meminfo HugePages_Free × Hugepagesize)."""
+    for snapshot in bundle.snapshots():
+        meminfo = snapshot.get("meminfo") or {}
+        pages, size = meminfo.get("HugePages_Free"), meminfo.get("Hugepagesize")
+        if isinstance(pages, int) and isinstance(size, int) and pages > 0 and size > 0:
+            return round(pages * size / GiB, 2)
+    return None
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
     numbers: dict[str, float] = {"base_gpu_id": base, "tp_size": tp}
     summary = f"GPU index out of range: base_gpu_id {base} with tp {tp}"
     remedy = "--base-gpu-id is an index into CUDA_VISIBLE_DEVICES; do not set both to physical ids"
+    nodes = bundle.facts.get("nodes_in_launch")
+    nodes = nodes if isinstance(nodes, int) and nodes > 1 else bundle.count("nnodes")
+    gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
     if count:
         highest = count - tp
         numbers.update(visible_count=count, max_valid_base_gpu_id=highest)
@@ -83,6 +86,22 @@ def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
             f"0..{count - 1}, so a rank asks for device {base + tp - 1} of {count}"
         )
         remedy += f": --base-gpu-id {max(highest, 0)} at most (base_gpu_id + tp*dp <= visible GPUs)"
+    elif nodes > 1 and gpus and gpus < tp // nodes:
+        # Each node runs tp / nnodes ranks on GPU ids base .. base + that - 1.
+        per = tp // nodes
+        numbers.update(
+            nnodes=nodes, ranks_per_node=per, visible_gpus=gpus, failing_gpu_id=base + gpus
+        )
+        summary = (
+            f"--tp {tp} over {nodes} nodes puts {per} ranks on each node (GPU ids {base}-"
+            f"{base + per - 1}), but this node shows {gpus} GPU{'s' if gpus > 1 else ''}: the "
+            f"rank on GPU id {base + gpus} fails with invalid device ordinal"
+        )
+        remedy = (
+            f"match --tp to the visible GPUs: tp = nnodes x GPUs per node (--tp {nodes * gpus} "
+            f"here), or give each node {per} GPUs (in Kubernetes request nvidia.com/gpu: {per} per "
+            "pod; check CUDA_VISIBLE_DEVICES)"
+        )
     return Diagnosis(
         category="tp-gpu-mapping",
         summary=summary,
