@@ -152,27 +152,85 @@ def _bind_in_use_diagnosis(bundle: Bundle, found: BindInUse) -> Diagnosis:
             "; set --hicache-size to an absolute GB per rank (it overrides --hicache-ratio) so the "
             "pinned host pools of all co-located servers fit the host"
         )
+    sibling, sibling_fix = _other_vllm_server(bundle, numbers) if found.zmq else ("", "")
+    holder += sibling
     what = f"{'ZMQ' if found.zmq else 'HTTP'} bind to {found.where or '?'}:{port or '?'}"
     spaced = f" (e.g. ports {base}/{base + 1000})" if isinstance(base, int) else ""
     return Diagnosis(
         category="port-in-use",
         secondary_categories=secondary,
         summary=f"{what} failed: address already in use{holder}{derived}{behind}",
-        remedy=(
-            f"space --port of co-located servers at least 1000 apart{spaced} and give each its "
-            f"own kv-events/metrics ports, or stop the process holding the port"
-            + (
-                f" (kill the earlier launcher PID {numbers['holder_pid']:g} and its process "
-                "group, kill -TERM -<pgid>; its defunct children go with it), or choose another "
-                "port"
-                if "holder_pid" in numbers
-                else ""
-            )
-            + hicache
-        ),
+        remedy=_bind_remedy(numbers, spaced, hicache, sibling_fix),
         evidence=[bundle.evidence(found.hit), *evidence],
         numbers=numbers,
     )
+
+
+def _bind_remedy(numbers: dict[str, float], spaced: str, hicache: str, sibling: str) -> str:
+    """What frees the port: a distinct internal port for a sibling server, else spacing the
+    servers' --port apart or stopping the holder (with its defunct children, if any)."""
+    if sibling:
+        return sibling.lstrip("; ") + "; or start the second instance after the first is ready"
+    fix = (
+        f"space --port of co-located servers at least 1000 apart{spaced} and give each its "
+        "own kv-events/metrics ports, or stop the process holding the port"
+    )
+    if "defunct_children" in numbers:
+        fix += (
+            f" (kill the earlier launcher PID {numbers['holder_pid']:g} and its process group, "
+            "kill -TERM -<pgid>; its defunct children go with it), or choose another port"
+        )
+    elif "holder_pid" in numbers:
+        fix += f" (PID {numbers['holder_pid']:g}), or choose another port"
+    return fix + hicache
+
+
+SERVER_PORT = re.compile(r"--port[ =](?P<port>\d+)")
+
+
+def _other_vllm_server(bundle: Bundle, numbers: dict[str, float]) -> tuple[str, str]:
+    """vLLM: the ZMQ port's holder belongs to another vLLM server on the node (itself or its
+    parent), which uses the same internal RPC port (VLLM_RPC_PORT, a fixed default) whatever
+    its --port; in words, with the fix. Empty when the snapshot does not show that."""
+    pid = numbers.get("holder_pid")
+    if not bundle.vllm or pid is None:
+        return "", ""
+    processes = {p.get("pid"): p for s in bundle.snapshots() for p in s.get("processes") or []}
+    holder = processes.get(int(pid)) or {}
+    server = holder if "vllm" in str(holder.get("cmdline")) else processes.get(holder.get("ppid"))
+    if not server or "vllm" not in str(server.get("cmdline")):
+        return "", ""
+    theirs = SERVER_PORT.search(str(server.get("cmdline")))
+    ours = bundle.engine_value("port")
+    child = "a child of " if server is not holder else ""
+    said = f"; it is {child}PID {server.get('pid')}, another vLLM server"
+    if theirs is not None:
+        numbers["other_instance_http_port"] = int(theirs["port"])
+        said += f" (--port {theirs['port']}"
+        if ours and ours.isdigit():
+            numbers["http_port"] = int(ours)
+            said += f"; this one --port {ours}"
+        said += ")"
+    started = _elapsed_before_launch(bundle, server.get("pid"))
+    if started is not None:
+        numbers["start_delay_s"] = started
+        said += f", started {started} s before this launch"
+    said += ": both use vLLM's internal RPC port (VLLM_RPC_PORT), whatever their --port"
+    return (
+        said,
+        "; set a distinct VLLM_RPC_PORT per instance (or upgrade vLLM, which uses IPC paths)",
+    )
+
+
+def _elapsed_before_launch(bundle: Bundle, pid: Any) -> int | None:
+    """How long ``pid`` had run when the launch began (its ``elapsed_s`` before the launch)."""
+    for snapshot in bundle.snapshots():
+        if snapshot.get("phase") != "before_launch":
+            continue
+        for row in snapshot.get("processes") or []:
+            if row.get("pid") == pid and isinstance(row.get("elapsed_s"), int):
+                return int(row["elapsed_s"])
+    return None
 
 
 # torch.distributed's TCPStore (c10d/socket.cpp) could not listen on its port: another socket

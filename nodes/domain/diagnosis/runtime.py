@@ -236,7 +236,14 @@ def _vllm_served_oom(
     (a long prompt, a large image) need beyond it is what ran out."""
     util = bundle.engine_number("gpu_memory_utilization") or VLLM_DEFAULT_UTILIZATION
     numbers["gpu_memory_utilization"] = util
-    said = [f"the server was ready (line {ready[0]}), then ran out of GPU memory serving"]
+    tp = bundle.tp()
+    numbers["tensor_parallel_size"] = tp
+    said = [f"the server was ready (line {ready[0]}), then ran out of GPU memory serving (TP {tp}"]
+    longest = bundle.engine_number("max_model_len")
+    if longest is not None:
+        numbers["max_model_len"] = int(longest)
+        said[0] += f", --max-model-len {int(longest)}"
+    said[0] += ")"
     said.append(f"tried to allocate {tried}")
     if total is not None:
         card = gib_of(total["total"])

@@ -147,7 +147,11 @@ def kv_cache_too_small(bundle: Bundle) -> Diagnosis | None:
 
 def _kv_too_small_diagnosis(bundle: Bundle, found: KvTooSmall) -> Diagnosis:
     need, have, per_token = found.need, found.have, found.per_token
-    numbers: dict[str, float] = {"max_model_len": need, "kv_capacity_tokens": have}
+    numbers: dict[str, float] = {
+        "max_model_len": need,
+        "kv_capacity_tokens": have,
+        "tensor_parallel_size": bundle.tp(),
+    }
     evidence = [bundle.evidence(found.hit)]
     if (blocks := found.blocks) is not None:
         numbers["gpu_blocks"] = blocks.count
@@ -169,7 +173,8 @@ def _kv_too_small_diagnosis(bundle: Bundle, found: KvTooSmall) -> Diagnosis:
     return Diagnosis(
         category="gpu-oom-kv-cache",
         summary=(
-            f"KV cache too small for the context length: room for {have} tokens{sizes}"
+            f"KV cache too small for the context length (TP {bundle.tp()}): room for {have} "
+            f"tokens{sizes}"
             + ("" if "needs" in sizes else f" but max_model_len is {need}")
             + f"; --max-model-len {found.suggested} fits"
         ),
