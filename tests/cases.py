@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from nodes.domain.diagnosis import Diagnosis, diagnose
-from nodes.domain.sglang_flags import parse_command, split_command
-from nodes.flag_tables import table
+from nodes.services.bundles import bundle_flags
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 CORPUS = FIXTURES / "cases"
@@ -57,10 +56,9 @@ def log(case: Path) -> str:
 
 
 def flags_of(facts: dict) -> dict:
-    """The command's values by dest, as the diagnosis gets them (SGLang's flag table of the
-    bundle's version, 0.5.9 when unknown)."""
-    argv, _ = split_command(list(facts.get("command") or []))
-    return parse_command(argv, table(facts.get("engine_version") or "0.5.9")).values
+    """The command's values by dest, as the diagnosis gets them (``services.bundles``: SGLang's
+    flag table of the bundle's version, the default when unknown; none without a command)."""
+    return bundle_flags(facts)
 
 
 def run(case: Path, facts_doc: dict | None = None, log_text: str | None = None) -> Diagnosis:

@@ -351,12 +351,10 @@ def parse_command(argv: list[str], table: FlagTable) -> ParsedCommand:
         result.issues.append(FlagIssue("invalid", flag, message))
         return result
     result.values = vars(namespace)
+    named = {w.split("=", 1)[0] for w in argv if w.startswith("-")}
     result.given = {
-        spec.dest
-        for spec in table.flags
-        if any(_mentions(argv, option) for option in spec.options)
-        or _abbreviates(argv, spec, parser)
-    }
+        spec.dest for spec in table.flags if any(option in named for option in spec.options)
+    } | _abbreviated(named, parser)
     strays = [w for w in unknown if not w.startswith("--")]
     if strays:
         result.issues.append(
@@ -493,19 +491,18 @@ def _port_issues(values: dict[str, Any], table: FlagTable) -> list[FlagIssue]:
     return issues
 
 
-def _mentions(argv: list[str], option: str) -> bool:
-    return any(w == option or w.startswith(option + "=") for w in argv)
-
-
-def _abbreviates(argv: list[str], spec: FlagSpec, parser: argparse.ArgumentParser) -> bool:
-    for word in argv:
-        flag = word.split("=", 1)[0]
-        if not flag.startswith("--") or flag in parser._option_string_actions:
+def _abbreviated(named: set[str], parser: argparse.ArgumentParser) -> set[str]:
+    """The dests of the options that ``named`` flags abbreviate (argparse takes a unique
+    prefix of an option). Each distinct flag is looked up once."""
+    options = parser._option_string_actions
+    dests = set()
+    for flag in named:
+        if not flag.startswith("--") or flag in options:
             continue
-        matches = [o for o in parser._option_string_actions if o.startswith(flag)]
-        if len(matches) == 1 and matches[0] in spec.options:
-            return True
-    return False
+        matches = [o for o in options if o.startswith(flag)]
+        if len(matches) == 1:
+            dests.add(options[matches[0]].dest)
+    return dests
 
 
 def _flag_in(message: str) -> str:

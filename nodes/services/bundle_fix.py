@@ -16,28 +16,41 @@ from typing import Any
 from nodes.domain import remedy
 from nodes.domain.budget import NodeMemory, check
 from nodes.domain.budget_types import BudgetReport
-from nodes.domain.diagnosis import Diagnosis
+from nodes.domain.diagnosis import Diagnosis, clean_facts, engine_of
 from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import DEFAULT_VERSION, table
+from nodes.services.bundles import MAX_COMMAND_WORDS
 
 
-def change_of(found: Diagnosis, facts: Mapping[str, Any]) -> dict[str, Any] | None:
+def change_of(found: Diagnosis, raw_facts: Mapping[str, Any]) -> dict[str, Any] | None:
     """``{"--flag": value}`` (a number where the flag takes one, ``True`` for a switch it adds,
     ``None`` to drop a flag and its argument), or ``None`` when the remedy is not a flag change,
-    the command cannot be read, or the changed command would still be blocked."""
-    command = [str(w) for w in facts.get("command") or [] if w is not None]
+    the command cannot be read, or the changed command would still be blocked. SGLang changes
+    are checked by the budget when the node's GPU sizes are known; vLLM's only against the GPU
+    count (no budget engine for vLLM)."""
+    facts = clean_facts(raw_facts)
+    command = [str(w) for w in (facts.get("command") or [])[:MAX_COMMAND_WORDS]]
     version = _version(facts)
     try:
         argv, env = split_command(command)
     except ValueError:
         return None
-    engine = "vllm" if facts.get("engine") == "vllm" else "sglang"
+    env = {**(facts.get("env") or {}), **env}
+    engine = engine_of(facts)
     budget = _budget(argv, env, facts, version) if engine == "sglang" else None
     suggestion = dict(budget.suggestion) if budget and budget.suggestion else None
-    changes = remedy.changes_for(found.category, found.numbers, suggestion, engine=engine)
-    if not changes or engine != "sglang":
-        return changes or None  # no flag table or budget for other engines: as suggested
+    changes = {
+        flag: value
+        for flag, value in remedy.changes_for(
+            found.category, found.numbers, suggestion, engine=engine
+        ).items()
+        if _sensible(flag, value)
+    }
+    if not changes:
+        return None
+    if engine != "sglang":
+        return changes if _fits_the_gpus(changes, facts, env) else None
     try:
         changed = remedy.with_changes(argv, changes, table(version))
     except ValueError:
@@ -46,6 +59,34 @@ def change_of(found: Diagnosis, facts: Mapping[str, Any]) -> dict[str, Any] | No
     if after is not None and after.verdict == "block":
         return None
     return changes
+
+
+#: Flags whose value is a fraction of the GPU (0 < value < 1).
+FRACTIONS = {"--mem-fraction-static", "--gpu-memory-utilization"}
+
+
+def _sensible(flag: str, value: Any) -> bool:
+    """A value a launch can take: a switch, a drop, a positive size or count (a GPU index may
+    be 0), a fraction below 1."""
+    if value is None or value is True:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    if flag in FRACTIONS:
+        return 0 < value < 1
+    return value >= 0 if flag == "--base-gpu-id" else value > 0
+
+
+def _fits_the_gpus(
+    changes: Mapping[str, Any], facts: Mapping[str, Any], env: Mapping[str, str]
+) -> bool:
+    """vLLM: a tensor-parallel size no larger than the GPUs the launch sees."""
+    size = changes.get("--tensor-parallel-size")
+    if not isinstance(size, int):
+        return True
+    visible = str(env.get("CUDA_VISIBLE_DEVICES") or "")
+    count = len(visible.split(",")) if visible else len((facts.get("node") or {}).get("gpus") or [])
+    return count == 0 or size <= count
 
 
 def _version(facts: Mapping[str, Any]) -> str:

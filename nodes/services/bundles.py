@@ -284,13 +284,28 @@ def _no_constant(name: str) -> None:
 
 def diagnose_bundle(log_text: str, facts: dict[str, Any]) -> Diagnosis:
     """The diagnosis of a bundle (``launch.log`` text, ``facts.json``): the command's flags are
-    read as the bundle's engine version parses them."""
+    read as the bundle's engine version parses them; with no command, none (the rules then
+    read the log's ``server_args``, not SGLang's defaults)."""
+    return diagnose(log_text, facts, bundle_flags(facts))
+
+
+#: A launch command longer than this is not a real one; parsing is cut there (argparse's
+#: prefix matching costs words x options).
+MAX_COMMAND_WORDS = 2000
+
+
+def bundle_flags(facts: dict[str, Any]) -> dict[str, Any]:
+    """The command's values by dest as the bundle's SGLang version parses them; ``{}`` when
+    the bundle has no readable command."""
     command = facts.get("command") or []
+    words = [str(w) for w in command[:MAX_COMMAND_WORDS]] if isinstance(command, list) else []
     try:
-        argv, _ = split_command([str(w) for w in command] if isinstance(command, list) else [])
+        argv, _ = split_command(words)
     except ValueError:
         argv = []
+    if not argv:
+        return {}
     version = facts.get("engine_version")
     if not (isinstance(version, str) and VERSION_TEXT.fullmatch(version)):
         version = DEFAULT_VERSION  # an engine version we cannot read: parse as the default does
-    return diagnose(log_text, facts, parse_command(argv, table(version)).values)
+    return dict(parse_command(argv, table(version)).values)

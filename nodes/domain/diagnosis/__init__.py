@@ -24,7 +24,17 @@ the text. No module imports one that imports it, not even inside a function
 
 from __future__ import annotations
 
-from nodes.domain.diagnosis.engine import RULES, diagnose
+from nodes.domain.diagnosis.engine import RULES, clean_facts, diagnose, engine_of
 from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Log, Rule
 
-__all__ = ["RULES", "Bundle", "Diagnosis", "Evidence", "Log", "Rule", "diagnose"]
+__all__ = [
+    "RULES",
+    "Bundle",
+    "Diagnosis",
+    "Evidence",
+    "Log",
+    "Rule",
+    "clean_facts",
+    "diagnose",
+    "engine_of",
+]

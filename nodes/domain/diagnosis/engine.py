@@ -235,6 +235,17 @@ NUMBERS = {
 TEXTS = {"state", "name", "cmdline", "phase", "ipv4", "uuid", "taken_at", "signal"}
 
 
+def clean_facts(facts: Any) -> dict[str, Any]:
+    """``facts.json`` in the shape the rules read (``_clean``): wrong-typed entries absent."""
+    cleaned = _clean(facts if isinstance(facts, Mapping) else {})
+    return cleaned if isinstance(cleaned, dict) else {}
+
+
+def engine_of(facts: Mapping[str, Any]) -> str:
+    """``vllm`` or ``sglang``: the bundle's ``engine`` (any case), else what its command runs."""
+    return "vllm" if Bundle(Log(""), facts, {}).vllm else "sglang"
+
+
 def _clean(value: Any, key: str = "") -> Any:
     """``facts`` in the shape the rules read: a wrong-typed or ``None`` entry becomes absent
     (``None``, ``{}``, ``[]``), so no rule has to guard against it."""

@@ -361,6 +361,12 @@ class Bundle:
         negated, asked or hypothetical mention of a failure is not evidence of it."""
         return list(self._asserted_notes)
 
+    def kernel_lines(self) -> list[str]:
+        """The snapshots' kernel log lines, then the notes (as they assert): a collector may
+        have written a kernel line it saw into a note."""
+        lines = [str(line) for s in self.snapshots() for line in s.get("kernel_log") or []]
+        return lines + self.notes()
+
     @cached_property
     def _asserted_notes(self) -> tuple[str, ...]:
         found = (asserted(str(n)) for s in self.snapshots() for n in s.get("notes") or [])

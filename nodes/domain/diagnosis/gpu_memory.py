@@ -423,13 +423,13 @@ def _graph_oom_remedy(found: GraphOom) -> str:
     )
 
 
-CUDA_OOM = re.compile(r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError: CUDA out of memory")
+CUDA_OOM = re.compile(r"(?:torch\.)?(?:cuda\.)?OutOfMemoryError: (?:CUDA|HIP) out of memory")
 
 
 ATTEMPT_MFS = re.compile(r"server_args=ServerArgs\(.*?mem_fraction_static=(?P<mfs>[\d.]+)")
 
 
-TOTAL_CAPACITY = re.compile(r"GPU \d+ has a total capacity of (?P<total>[\d.]+) GiB")
+TOTAL_CAPACITY = re.compile(r"GPU \d+ has a total capaci?ty of (?P<total>[\d.]+) GiB")
 
 
 MFS_NOTE = re.compile(

@@ -288,6 +288,11 @@ def _each_passed(found: PoolsOverHost) -> str:
 
 
 NODE_OOM_KILL = re.compile(r"Out of memory: Killed process (?P<pid>\d+)")
+# The same in a person's words, in a note ("the kernel OOM killer killed the server").
+PROSE_OOM_KILL = re.compile(
+    r"(?i)\bOOM[- ]killer (?:killed|terminated)|\bkilled by the (?:kernel'?s? )?OOM[- ]killer|"
+    r"\bOOM[- ]killed\b"
+)
 
 
 SHELL_KILLED = re.compile(r"^\S+: line \d+:\s+(?P<pid>\d+) Killed\s")
@@ -319,10 +324,9 @@ class PinnedKill:
 def _oom_kill_lines(bundle: Bundle) -> list[str]:
     """The snapshots' kernel log lines of the OOM killer (``Out of memory: Killed process``)."""
     return [
-        str(line)[:300]
-        for s in bundle.snapshots()
-        for line in s.get("kernel_log") or []
-        if NODE_OOM_KILL.search(str(line))
+        line[:300]
+        for line in bundle.kernel_lines()
+        if NODE_OOM_KILL.search(line) or PROSE_OOM_KILL.search(line)
     ]
 
 
@@ -391,7 +395,10 @@ def _pinned_kill_diagnosis(bundle: Bundle, found: PinnedKill) -> Diagnosis:
     )
 
 
-CGROUP_OOM = re.compile(r"Memory cgroup out of memory|OOMKilled")
+# "OOMKilled" as a reason or a flag that is set; not "OOMKilled: false", "=0", "count: 0".
+CGROUP_OOM = re.compile(
+    r"Memory cgroup out of memory|OOMKilled(?![\"']?\s*(?:[:=]|count:?|is|was)\s*(?:false|0|no)\b)"
+)
 
 
 LOAD_NOTE = re.compile(r"(?P<tokens>\d[\d,]*)-token\b.*?\bconcurrency (?P<concurrency>\d+)")
@@ -458,9 +465,7 @@ def _cgroup_usage(bundle: Bundle) -> tuple[float | None, CgroupUsage | None]:
 
 
 def _cgroup_oom(bundle: Bundle) -> CgroupOom | None:
-    texts = [line for s in bundle.snapshots() for line in s.get("kernel_log") or []]
-    texts += bundle.notes()
-    lines = [text[:300] for text in texts if CGROUP_OOM.search(text)]
+    lines = [text[:300] for text in bundle.kernel_lines() if CGROUP_OOM.search(text)]
     hits = bundle.log.find(CGROUP_OOM)
     if not (lines or hits):
         return None

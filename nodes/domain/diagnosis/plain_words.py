@@ -14,11 +14,15 @@ import re
 # Sentences end at . ! ? ; or a line break; a clause ends at a comma or a dash before a new
 # subject ("…, the log would say …"). A decimal point or a path keeps its sentence whole.
 _SENTENCE = re.compile(r"(?<=[!?;])\s+|(?<=[a-z)'\"\]])\.\s+|\n+")
-_CLAUSE = re.compile(r",\s+|\s+[-—–]\s+|\s+\b(?:but|and|although|though|while|whereas)\s+")
+_CLAUSE = re.compile(
+    r",\s+|\s+[-—–]\s+|\s*\(|\)\s*|\s+\b(?:but|and|although|though|while|whereas)\s+"
+)
+# A clause that is only an answer, after what it answers ("OOMKilled — no").
+_ANSWER_NO = re.compile(r"(?i)^(?:no|false|none|0|n/a|not seen)\W*$")
 _NEGATED = re.compile(
-    r"(?i)\b(?:no|not|never|none|nothing|nowhere|neither|nor|without|cannot|absent|"
-    r"ruled out|free of|(?:is|was|were|are|did|does|do|has|have|had|could|would)n[’']t|"
-    r"can[’']t|won[’']t)\b"
+    r"(?i)!=|[:=]\s*(?:false|0(?![.\d]))|\b(?:no|not|never|none|nothing|nowhere|neither|nor|"
+    r"without|cannot|absent|ruled out|free of|rather than|instead of|lacks?|lacking|"
+    r"(?:is|was|were|are|did|does|do|has|have|had|could|would)n[’']t|can[’']t|won[’']t)\b"
 )
 _HYPOTHETICAL = re.compile(
     r"(?i)\b(?:if|whether|unless|in case|suppose|supposing|would|could|might|may|should|"
@@ -38,7 +42,12 @@ def asserted(text: str) -> str:
         if _HYPOTHETICAL.search(sentence.split(",")[0]) and _HYPOTHETICAL.search(sentence):
             continue  # "If …, … would …": the whole sentence is a supposition
         clauses = [c.strip() for c in _CLAUSE.split(sentence) if c.strip()]
-        says = [c for c in clauses if not _NEGATED.search(c) and not _HYPOTHETICAL.search(c)]
+        says = []
+        for clause in clauses:
+            if _ANSWER_NO.match(clause):
+                says = says[:-1]  # "X — no": X is denied
+            elif not _NEGATED.search(clause) and not _HYPOTHETICAL.search(clause):
+                says.append(clause)
         # A sentence that asserts every clause is kept as written (patterns span clauses).
         kept += [sentence] if says == clauses else says
     return "; ".join(kept)

@@ -15,8 +15,8 @@ from nodes.domain.diagnosis.evidence import _num
 # them.
 _SIZE = r"[\d.]+ (?:bytes|[KMGT]iB)"
 OOM_WITH_HOLDER = re.compile(
-    rf"CUDA out of memory\. Tried to allocate (?P<tried>{_SIZE})\. GPU (?P<gpu>\d+) has a total "
-    rf"capaci?ty of (?P<total>{_SIZE}) of which (?P<free>{_SIZE}) is free\. "
+    rf"(?:CUDA|HIP) out of memory\. Tried to allocate (?P<tried>{_SIZE})\. GPU (?P<gpu>\d+) has a "
+    rf"total capaci?ty of (?P<total>{_SIZE}) of which (?P<free>{_SIZE}) is free\. "
     rf"(?P<processes>(?:(?:Including non-PyTorch memory, this process|Process \d+) has {_SIZE} "
     r"memory in use\. ?)*Process \d+ has .*)"
 )

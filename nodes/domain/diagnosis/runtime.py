@@ -166,10 +166,9 @@ def _stopped_what(found: StoppedServing) -> str:
 
 def _oom_kills(bundle: Bundle) -> list[Evidence]:
     return [
-        Evidence(str(line)[:300], None, "snapshot")
-        for s in bundle.snapshots()
-        for line in s.get("kernel_log") or []
-        if NODE_OOM_KILL.search(str(line))
+        Evidence(line[:300], None, "snapshot")
+        for line in bundle.kernel_lines()
+        if NODE_OOM_KILL.search(line)
     ]
 
 
