@@ -50,9 +50,11 @@ class NoKvRoom:
     gpu_total_gib: float | None
 
     @property
-    def suggested(self) -> float:
-        """The threshold rounded down to 0.01, plus 0.01, at most 0.95."""
-        return min(math.floor(self.threshold * 100) / 100 + 0.01, 0.95)
+    def suggested(self) -> float | None:
+        """The threshold rounded down to 0.01, plus 0.01; ``None`` above 0.95 (no fraction a
+        server runs with leaves the KV cache room: more GPUs are the fix)."""
+        value = math.floor(self.threshold * 100) / 100 + 0.01
+        return value if value <= 0.95 else None
 
 
 def _no_kv_room(bundle: Bundle) -> NoKvRoom | None:
@@ -99,12 +101,28 @@ def _no_kv_room_diagnosis(bundle: Bundle, found: NoKvRoom) -> Diagnosis:
         "reserved_gib": round(found.reserved, 2),
         "kv_budget_gib": round(found.kv, 2),
         "mem_fraction_static_threshold": found.threshold,
-        "suggested_mem_fraction_static": found.suggested,
     }
+    if found.suggested is not None:
+        numbers["suggested_mem_fraction_static"] = found.suggested
     total = ""
     if found.gpu_total_gib is not None:
         numbers["gpu_total_gib"] = found.gpu_total_gib
         total = f" on a {_fmt(found.gpu_total_gib, 1)} GiB GPU"
+    if found.threshold >= 1:
+        return Diagnosis(
+            category="gpu-oom-weights",
+            summary=(
+                f"the weights do not fit{total}: {found.weights:.2f} GiB of weights leave "
+                f"{found.after:.2f} GiB of the {found.before:.2f} GiB free before loading, so no "
+                f"--mem-fraction-static leaves room for the KV cache (TP {bundle.tp()})"
+            ),
+            remedy=(
+                "spread the weights over more GPUs (a larger --tp-size), or a quantized "
+                "checkpoint (FP8/AWQ/GPTQ), or a GPU with more memory"
+            ),
+            evidence=[bundle.evidence(found.hit), bundle.evidence(found.end)],
+            numbers=numbers,
+        )
     return Diagnosis(
         category="mem-fraction-too-low",
         summary=(

@@ -34,7 +34,7 @@ _HYPOTHETICAL = re.compile(
 def asserted(text: str) -> str:
     """``text`` with the clauses that assert nothing dropped (joined by ``"; "``); ``""`` when
     none is left. A question (a sentence ending in ``?``) is dropped whole."""
-    kept = []
+    kept: list[str] = []
     for sentence in _SENTENCE.split(text.strip()):
         sentence = sentence.strip()
         if not sentence or sentence.endswith("?"):
@@ -42,7 +42,7 @@ def asserted(text: str) -> str:
         if _HYPOTHETICAL.search(sentence.split(",")[0]) and _HYPOTHETICAL.search(sentence):
             continue  # "If …, … would …": the whole sentence is a supposition
         clauses = [c.strip() for c in _CLAUSE.split(sentence) if c.strip()]
-        says = []
+        says: list[str] = []
         for clause in clauses:
             if _ANSWER_NO.match(clause):
                 says = says[:-1]  # "X — no": X is denied

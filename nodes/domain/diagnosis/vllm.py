@@ -256,7 +256,7 @@ def no_cache_blocks(bundle: Bundle) -> Diagnosis | None:
     budget = round(util * total, 2) if total else None
     if budget is not None and total is not None:
         numbers["vllm_budget_gib"] = budget
-        said.append(f"gives vLLM {_fmt(util)} x {total:.2f} = {budget:.2f} GiB")
+        said[0] += f" gives vLLM {_fmt(util)} x {total:.2f} = {budget:.2f} GiB"
     weights = bundle.log.first(WEIGHTS_TOOK)
     if weights is not None:
         numbers["weights_gib"] = round(_num(weights[1]["gib"]), 2)
@@ -271,14 +271,24 @@ def no_cache_blocks(bundle: Bundle) -> Diagnosis | None:
             numbers["non_weight_usage_gib"] = other
             said.append(f"activations and non-torch memory about {other:.2f} GiB")
         said.append(f"leaving {_fmt(numbers['available_kv_gib'])} GiB for the KV cache")
-    suggested = min(round(util + 0.05, 2), 0.95)
-    numbers["suggested_gpu_memory_utilization"] = suggested
+    # The utilization at which the KV cache gets room: the shortfall over the card, plus 0.01.
+    suggested = None
+    if total and "available_kv_gib" in numbers:
+        needed = math.ceil((util - numbers["available_kv_gib"] / total + 0.01) * 100) / 100
+        suggested = needed if needed <= 0.95 else None
+    if suggested is not None:
+        numbers["suggested_gpu_memory_utilization"] = suggested
     return Diagnosis(
         category="mem-fraction-too-low",
         summary="no memory for vLLM's KV cache: " + ", ".join(said),
         remedy=(
-            f"increase --gpu-memory-utilization (e.g. {suggested:.2f}) if the card is otherwise "
-            "idle, lower the activation peak (--max-num-batched-tokens 1024, lower "
+            (
+                f"increase --gpu-memory-utilization (to {suggested:.2f}) if the card is otherwise "
+                "idle, "
+                if suggested is not None
+                else "no --gpu-memory-utilization makes room: "
+            )
+            + "lower the activation peak (--max-num-batched-tokens 1024, lower "
             "--max-model-len), or spread the weights over more GPUs (--tensor-parallel-size 2)"
         ),
         evidence=evidence,

@@ -48,10 +48,12 @@ class Command(OneLineCommand):
         if options["json"]:
             self.stdout.write(json.dumps(doc))
             return
-        self.stdout.write(f"{doc['category']}: {doc['summary']}")
-        self.stdout.write(f"fix: {doc['remedy']}")
+        lines = [f"{doc['category']}: {doc['summary']}", f"fix: {doc['remedy']}"]
         if doc["change"]:
-            self.stdout.write(f"change: {describe(doc['change'])}")
+            lines.append(f"change: {describe(doc['change'])}")
         for item in doc["evidence"]:
             where = f"line {item['line']}" if item["line"] else item["source"]
-            self.stdout.write(f"  {where}: {item['text']}")
+            lines.append(f"  {where}: {item['text']}")
+        for line in lines:
+            # A bundle's text may hold what no terminal encoding can print (a lone surrogate).
+            self.stdout.write(line.encode("utf-8", "replace").decode("utf-8"))
