@@ -291,6 +291,12 @@ def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) 
             found = _unreadable(bundle, rule, exc)
         if found is not None:
             return found
+    # No rule read the failure; a line that shows one whose figures no rule could read (a
+    # negative size, 1e400 GiB) still names it.
+    for rule in RECOGNISED_BY:
+        found = _unreadable(bundle, rule, ValueError("its figures are not in a form a rule reads"))
+        if found is not None:
+            return found
     return Diagnosis(
         category="unknown",
         summary="no known failure signature or memory arithmetic explains this launch",
