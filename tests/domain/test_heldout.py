@@ -40,6 +40,9 @@ MENTIONS = [
     "If the port had been taken, the log would say EADDRINUSE.",
     "We were not able to confirm whether the kernel killed anything; nothing says out of memory.",
     "The pod was not OOMKilled and no process was killed by the kernel.",
+    "kubectl: OOMKilled: false, restarts: 0",
+    "OOMKilled — no",
+    "The container ended with Error rather than OOMKilled.",
 ]
 
 

@@ -232,3 +232,24 @@ def test_a_host_oom_beside_another_launch_is_diagnosed_naming_it():
     )
     assert launch.diagnosis["category"] == "host-oom-hicache"
     assert "420 GB + #12 (llama@1) 420 GB = 840 GB > 449 GB" in launch.diagnosis["summary"]
+
+
+def test_diagnose_json_survives_facts_of_the_wrong_shape(settings, tmp_path):
+    """A facts.json whose meminfo is a list and whose node GPUs a number: still one JSON
+    document, exit 0, the category from the log (the change is computed from cleaned facts)."""
+    from tests.conftest import manage_py
+
+    facts = json.loads((CASES / "S01" / "facts.json").read_text())
+    facts["node"]["gpus"] = 5
+    for snapshot in facts["snapshots"]:
+        snapshot["meminfo"] = [1, 2]
+    folder = tmp_path / "odd"
+    folder.mkdir()
+    (folder / "facts.json").write_text(json.dumps(facts))
+    (folder / "launch.log").write_text((CASES / "S01" / "launch.log").read_text())
+    done = manage_py(settings, "diagnose", str(folder), "--json")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["category"] == "host-oom-hicache" and set(doc["change"]) == {"--hicache-size"}
+    # Without MemAvailable, a per-rank size within the node's 449 GB shared by its 8 ranks.
+    assert 0 < doc["change"]["--hicache-size"] <= 449 / 8

@@ -51,7 +51,8 @@ def tp_divisibility(bundle: Bundle) -> Diagnosis | None:
             f"are {', '.join(map(str, valid))}{fit}"
         ),
         remedy=(
-            f"tp must divide attention heads: use --tp {nearest} (valid: "
+            f"tp must divide attention heads: use "
+            f"{'--tensor-parallel-size' if bundle.vllm else '--tp'} {nearest} (valid: "
             f"{', '.join(map(str, valid))}), or pipeline parallel instead"
         ),
         evidence=[bundle.evidence(hit)],

@@ -10,8 +10,11 @@ from dataclasses import dataclass
 from nodes.domain.diagnosis.evidence import LOAD_END, Bundle, Diagnosis, Hit, _num, _when
 from nodes.domain.diagnosis.runtime import NCCL_WATCHDOG, SERVED
 
+# NCCL's shm transport (src/transport/shm.cc, misc/shmutils.cc): creating a segment, or
+# growing it with fallocate/ftruncate, fails when /dev/shm is full.
 SHM_SEGMENT = re.compile(
-    r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)"
+    r"Error while creating shared memory segment /dev/shm/nccl-\S* \(size (?P<size>\d+)\)|"
+    r"failed to extend /dev/shm/nccl-\S* to (?P<size2>\d+) bytes"
 )
 
 
@@ -21,7 +24,7 @@ def nccl_shm(bundle: Bundle) -> Diagnosis | None:
     hit = bundle.log.first(SHM_SEGMENT)
     if hit is None:
         return None
-    segment = int(hit[1]["size"])
+    segment = int(hit[1]["size"] or hit[1]["size2"])
     tp = bundle.tp()
     numbers: dict[str, float] = {"tp_size": tp, "nccl_segment_bytes": segment}
     size = ""

@@ -65,8 +65,8 @@ SIGNATURES: tuple[Signature, ...] = (
             r"contains custom code which must be executed"
         ),
         summary=(
-            "the model ships custom config/model code (auto_map in config.json) and the launch "
-            "did not pass --trust-remote-code"
+            "the model ships its own config/model code (transformers refuses to run it) and "
+            "the launch did not pass --trust-remote-code"
         ),
         remedy=(
             "review the repo's code, then add --trust-remote-code (and pin the model revision "
