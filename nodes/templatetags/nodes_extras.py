@@ -7,6 +7,7 @@ from typing import Any
 
 from django import template
 
+from nodes.domain import figure_labels
 from nodes.domain.ownership import HostShare
 from nodes.domain.units import UNITS, format_bytes
 from nodes.models import Gpu
@@ -106,6 +107,12 @@ def _stacked(parts: list[tuple[str, int, str]], total: int, unit: str) -> dict[s
     summary = ", ".join(f"{p['kind']} {format_bytes(int(p['bytes']), unit)}" for p in shown)
     label = (summary + ", " if summary else "") + f"free {format_bytes(free, unit)}"
     return {"parts": shown, "label": f"{label} of {format_bytes(total, unit)}"}
+
+
+@register.filter
+def figure_label(key: str) -> str:
+    """A diagnosis figure's key in words, with its unit (``figure_labels.label``)."""
+    return figure_labels.label(str(key))
 
 
 @register.filter
