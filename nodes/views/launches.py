@@ -283,7 +283,8 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.info(request, f"Launch #{launch.pk} already ended ({launch.status}).")
     else:
         send("nodes.stop_launch", launch.pk, request.user.pk)  # QueueUnavailable: 503
-        messages.success(request, f"Stopping launch #{launch.pk}…")
+        # Transient: the page drops it when the launch's log ends (static/js/app.js).
+        messages.success(request, f"Stopping launch #{launch.pk}…", extra_tags="transient")
     return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
 
 

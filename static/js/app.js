@@ -45,14 +45,19 @@
       if (!response.ok) return;
       const doc = await response.json();
       append(doc.lines);
-      if (doc.ended && last >= doc.last_seq) { clearInterval(polling); status.textContent = "Log complete."; }
+      if (doc.ended && last >= doc.last_seq) { clearInterval(polling); ended(); }
     }, 1000);
   }
   if (!window.EventSource) { poll(); return; }
   const source = new EventSource(`${log.dataset.events}?after=${last}`);
   source.addEventListener("lines", (event) => { failures = 0; append(JSON.parse(event.data)); });
   source.addEventListener("state", refreshState);
-  source.addEventListener("end", () => { source.close(); refreshState(); status.textContent = "Log complete."; });
+  function ended() {
+    // A banner about what was under way ("Stopping launch #N…") is done once the log ends.
+    for (const note of document.querySelectorAll(".message-transient")) note.remove();
+    status.textContent = "Log complete.";
+  }
+  source.addEventListener("end", () => { source.close(); refreshState(); ended(); });
   source.onopen = () => { status.textContent = "Following live."; };
   source.onerror = () => {
     failures += 1;

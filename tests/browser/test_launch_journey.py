@@ -3,6 +3,8 @@ reload), sees the server become ready, and stops it. Served by the real ASGI pan
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from playwright.sync_api import expect
 
@@ -58,5 +60,7 @@ def test_launch_from_the_profile_page_watch_the_log_see_ready_stop(
 
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("[data-status]")).to_have_text("Stopped", timeout=60_000)
+    # The "Stopping…" banner goes once the launch has stopped.
+    expect(page.get_by_text(re.compile(r"Stopping launch #\d+"))).to_have_count(0, timeout=30_000)
     expect(page.locator("#launch-log")).to_contain_text("Shutting down", timeout=30_000)
     expect(page.locator("#log-status")).to_have_text("Log complete.", timeout=30_000)

@@ -329,8 +329,10 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     page = Client()
     page.force_login(cast(Any, op2))
     url = reverse("nodes:node-cleanup", args=[spare.pk])
+    # No launch named: the page does not speak of one, nor offer itself again.
+    assert "the launch's process group" not in page.get(url).content.decode()
     form = follow(page, url, 'name="confirm"')  # the reading a worker made for the form
-    assert f'value="{pid}"' not in form
+    assert f'value="{pid}"' not in form and "Clean up GPUs…" not in form
     reading = re.search(r'name="reading" value="([^"]+)"', form).group(1)
     forged = {"gpus": [0], "foreign": [pid], "confirm_foreign": "on", "confirm": "on"}
     assert page.post(url, {**forged, "reading": reading}).status_code == 200
