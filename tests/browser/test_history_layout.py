@@ -17,7 +17,7 @@ ARGS = ["--model-path", "/m", "--tp-size", "8", "--enable-hierarchical-cache", "
 
 
 def _wider_than_the_window(page) -> int:
-    return page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+    return int(page.evaluate("document.documentElement.scrollWidth - window.innerWidth"))
 
 
 @pytest.mark.parametrize("width", [1440, 1024])
