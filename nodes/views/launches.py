@@ -202,6 +202,8 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         else [],
         "diagnosis": diagnosis,
         "fix": remedy.describe(diagnosis["changes"]) if diagnosis else "",
+        # In the polled part, so a launch that pre-flight blocks offers it without a reload.
+        "relaunch": _relaunch_form(launch) if launch.status == LaunchStatus.BLOCKED else None,
         "charts": timeline.charts(
             launch.memory_timeline or [],
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
@@ -261,18 +263,23 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "evidence_lines": evidence,
         "last_seq": lines[-1][0] if lines else 0,
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
-        "relaunch": LaunchForm(
-            initial={
-                "revision": None if launch.adhoc else launch.revision_id,
-                "adhoc_revision": launch.revision_id if launch.adhoc else None,
-                "port": launch.port,
-                "node": launch.node_id,
-                "gpus": launch.gpu_list(),
-                "override": [c["name"] for c in launch.checks or [] if not c.get("passed")],
-            }
-        ),
     }
     return render(request, "nodes/launch_detail.html", context)
+
+
+def _relaunch_form(launch: Launch) -> LaunchForm:
+    """*Launch again* for a blocked launch: the same revision, node, GPUs and port, its failed
+    checks ticked to override."""
+    return LaunchForm(
+        initial={
+            "revision": None if launch.adhoc else launch.revision_id,
+            "adhoc_revision": launch.revision_id if launch.adhoc else None,
+            "port": launch.port,
+            "node": launch.node_id,
+            "gpus": launch.gpu_list(),
+            "override": [c["name"] for c in launch.checks or [] if not c.get("passed")],
+        }
+    )
 
 
 @require_POST
