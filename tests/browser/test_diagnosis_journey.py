@@ -62,5 +62,6 @@ def test_read_the_diagnosis_apply_the_fix_relaunch_and_reach_ready(
     expect(page.locator("[data-status]")).to_have_text("Ready", timeout=90_000)
     relaunch = Launch.objects.exclude(pk=failed.pk).get()
     assert relaunch.status == LaunchStatus.READY and fix in relaunch.revision.command_line()
+    page.once("dialog", lambda dialog: dialog.accept())  # Stop asks first
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("[data-status]")).to_have_text("Stopped", timeout=60_000)

@@ -58,6 +58,13 @@ def test_launch_from_the_profile_page_watch_the_log_see_ready_stop(
     expect(page.locator("#launch-state")).to_contain_text("generation throughput")
     assert page.url == url
 
+    # Stop asks first, naming the server and who started it; dismissed, nothing stops.
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.get_by_role("button", name="Stop").click()
+    expect(page.locator("[data-status]")).to_have_text("Ready")
+    assert asked and "Stop the server of launch #" in asked[0] and "Started by" in asked[0]
+    page.once("dialog", lambda dialog: dialog.accept())
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("[data-status]")).to_have_text("Stopped", timeout=60_000)
     # The "Stopping…" banner goes once the launch has stopped.

@@ -75,5 +75,6 @@ def test_find_known_good_clone_to_a_smaller_node_accept_the_change_launch(
     launch = Launch.objects.exclude(pk=first.pk).get()
     assert launch.node == small and launch.status == LaunchStatus.READY
     assert f"--hicache-size {proposed}" in launch.revision.command_line()
+    page.once("dialog", lambda dialog: dialog.accept())  # Stop asks first
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("[data-status]")).to_have_text("Stopped", timeout=60_000)
