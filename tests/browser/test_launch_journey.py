@@ -60,7 +60,12 @@ def test_launch_from_the_profile_page_watch_the_log_see_ready_stop(
 
     # Stop asks first, naming the server and who started it; dismissed, nothing stops.
     asked: list[str] = []
-    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+
+    def dismiss(dialog) -> None:
+        asked.append(dialog.message)
+        dialog.dismiss()
+
+    page.once("dialog", dismiss)
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("[data-status]")).to_have_text("Ready")
     assert asked and "Stop the server of launch #" in asked[0] and "Started by" in asked[0]
