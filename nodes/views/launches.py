@@ -37,7 +37,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 from redis.exceptions import RedisError
 
-from nodes.domain import remedy, timeline
+from nodes.domain import endpoints, remedy, timeline
 from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
 from nodes.forms.launches import BundleUploadForm, LaunchForm
@@ -202,6 +202,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         else [],
         "diagnosis": diagnosis,
         "fix": remedy.describe(diagnosis["changes"]) if diagnosis else "",
+        "endpoint": _endpoint(launch) if launch.status == LaunchStatus.READY else None,
         # In the polled part, so a launch that pre-flight blocks offers it without a reload.
         "relaunch": _relaunch_form(launch) if launch.status == LaunchStatus.BLOCKED else None,
         "charts": timeline.charts(
@@ -265,6 +266,21 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
     }
     return render(request, "nodes/launch_detail.html", context)
+
+
+def _endpoint(launch: Launch) -> endpoints.Endpoint:
+    """Where the ready server answers: its --host (SGLang's default is the loopback)."""
+    args = [str(a) for a in launch.revision.args or []]
+    bind = next(
+        (
+            args[i + 1] if a == "--host" else a.split("=", 1)[1]
+            for i, a in enumerate(args)
+            if (a == "--host" and i + 1 < len(args)) or a.startswith("--host=")
+        ),
+        None,
+    )
+    node = launch.node
+    return endpoints.endpoint(bind, node.host, launch.port, node.port, node.ssh_user)
 
 
 def _relaunch_form(launch: Launch) -> LaunchForm:

@@ -252,3 +252,20 @@ def test_a_blocked_adhoc_launch_is_launched_again_with_its_own_revision(operator
     again = Launch.objects.exclude(pk=blocked.pk).get()
     assert response.status_code == 302 and again.revision == revision
     assert again.overrides == {"shm": "small model"}
+
+
+def test_a_ready_servers_page_says_where_it_answers_and_for_how_long(viewer_client, node):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    profile = LaunchProfile.objects.create(name="qwen", created_by="olga")
+    revision = ProfileRevision.objects.create(
+        profile=profile, number=1, args=["--model-path", "/m", "--host", "0.0.0.0"], env={},
+        author="olga", node=node, verdict="ok", report={},
+    )  # fmt: skip
+    ready = make_launch(revision, node, ready_at=timezone.now() - timedelta(hours=2))
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[ready.pk])).content.decode()
+    assert f"http://{node.host}:30000" in page
+    assert f"ssh -N -p {node.port} -L 30000:127.0.0.1:30000 {node.ssh_user}@{node.host}" in page
+    assert "Up for" in page and "2\xa0hours" in page
