@@ -51,6 +51,7 @@ urlpatterns = [
     path("launches/new/", launches.launch_create, name="launch-create"),
     path("launches/<int:pk>/", launches.launch_detail, name="launch-detail"),
     path("launches/<int:pk>/stop/", launches.launch_stop, name="launch-stop"),
+    path("launches/<int:pk>/save-as-profile/", launches.launch_promote, name="launch-promote"),
     path("launches/<int:pk>/lines/", launches.launch_lines, name="launch-lines"),
     path("launches/<int:pk>/events/", launches.launch_events, name="launch-events"),
     path("launches/<int:pk>/log/", launches.launch_log, name="launch-log"),

@@ -20,7 +20,7 @@ from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import LaunchProfile, Node, ProfileRevision
 from nodes.services import calibrations, teams
 from nodes.services.audit import record
-from nodes.services.model_facts import ModelFacts, model_facts
+from nodes.services.model_facts import ModelFacts, model_facts, model_of
 from nodes.services.teams import visible_profiles
 from nodes.types import Actor
 
@@ -240,3 +240,51 @@ def submit_revision(
     except ProfileHidden as hidden:  # made team-only while it was checked
         raise ProfileRefused("missing", str(hidden)) from None
     return Submitted(revision, report, model)
+
+
+class PromoteRefused(ValueError):
+    """The ad-hoc revision cannot become a named profile: the name, or the budget, refuses."""
+
+
+def promote(
+    revision: ProfileRevision,
+    name: str,
+    *,
+    actor: Actor,
+    request: HttpRequest | None = None,
+    wait: float | None = None,
+) -> ProfileRevision:
+    """Save an ad-hoc revision (a pasted command, or a fix applied to one) as revision 1 of a
+    new named profile ``name``, re-validated on its node; audited like any revision. Raises
+    ``PromoteRefused`` (nothing saved) for a name that is not valid or already taken, an
+    environment the node's policy refuses, or a budget that blocks."""
+    name = name.strip()
+    if message := rules.check_node_name(name):
+        raise PromoteRefused(message)
+    if name.startswith("ad-hoc"):
+        raise PromoteRefused("names starting with 'ad-hoc' are kept for pasted commands")
+    if LaunchProfile.objects.filter(name=name).exists():
+        raise PromoteRefused(f"a profile named {name!r} already exists: choose another name")
+    node = revision.node
+    if node is None:
+        raise PromoteRefused("this revision names no node to check it on")
+    args, env = list(revision.args), dict(revision.env or {})
+    model = model_of(node, args, wait=wait)
+    report = evaluate(args, node, model, env=env)
+    if report.verdict == "block":
+        blocks = "; ".join(m.text for m in report.messages if m.level == "block")
+        raise PromoteRefused(f"blocked on {node.name}: {blocks}")
+    try:
+        return save_revision(
+            profile_name=name,
+            args=args,
+            env=env,
+            message=f"From {revision} (ad-hoc)",
+            node=node,
+            report=report,
+            model=model,
+            actor=actor,
+            request=request,
+        )
+    except ValueError as exc:
+        raise PromoteRefused(str(exc)) from None

@@ -45,7 +45,7 @@ from nodes.live import channel
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, send
-from nodes.services import bundle_uploads, bundles, fixes, placement
+from nodes.services import bundle_uploads, bundles, fixes, placement, profiles
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
@@ -362,6 +362,30 @@ def launch_bundle(request: HttpRequest, pk: int) -> HttpResponse:
     response = HttpResponse(bundles.launch_bundle(launch), content_type="application/gzip")
     response["Content-Disposition"] = f'attachment; filename="launch-{launch.pk}.tar.gz"'
     return response
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def launch_promote(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Save an ad-hoc launch's revision as a new named profile (revision 1), re-validated on
+    its node; then open the profile."""
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
+    if not launch.adhoc:
+        messages.info(request, f"{launch.revision} is a named profile already.")
+        return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
+    try:
+        revision = profiles.promote(
+            launch.revision,
+            str(request.POST.get("name", ""))[:200],
+            actor=request.user,
+            request=request,
+            wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
+        )
+    except profiles.PromoteRefused as exc:
+        messages.error(request, f"Not saved: {exc}.")
+        return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
+    messages.success(request, f"Saved {revision} from launch #{launch.pk}.")
+    return after_post(request, reverse("nodes:profile-detail", args=[revision.profile_id]))
 
 
 @require_POST

@@ -269,3 +269,29 @@ def test_a_ready_servers_page_says_where_it_answers_and_for_how_long(viewer_clie
     assert f"http://{node.host}:30000" in page
     assert f"ssh -N -p {node.port} -L 30000:127.0.0.1:30000 {node.ssh_user}@{node.host}" in page
     assert "Up for" in page and "2\xa0hours" in page
+
+
+def test_an_adhoc_launch_is_saved_as_a_named_profile_and_bad_names_change_nothing(
+    operator_client, node, settings
+):
+    settings.RANKWISE_MODEL_READ_WAIT_SECONDS = 0  # the model is not read here: no node behind
+    profile = LaunchProfile.objects.create(name="ad-hoc 1a2b", created_by="olga", adhoc=True)
+    revision = ProfileRevision.objects.create(
+        profile=profile, number=2, args=["--model-path", "/m", "--tp-size", "2"], env={},
+        author="olga", node=node, verdict="ok", report={}, message="Fix from launch #1",
+    )  # fmt: skip
+    launch = make_launch(revision, node, status=LaunchStatus.FAILED)
+    url = reverse("nodes:launch-promote", args=[launch.pk])
+    page = operator_client.get(reverse("nodes:launch-detail", args=[launch.pk])).content.decode()
+    assert url in page and "Save as profile" in page
+    for bad, why in (("", "name"), ("ad-hoc again", "ad-hoc"), ("ad-hoc 1a2b", "ad-hoc")):
+        answer = operator_client.post(url, {"name": bad}, follow=True).content.decode()
+        assert "Not saved" in answer and why in answer, bad
+    assert LaunchProfile.objects.filter(adhoc=False).count() == 0
+    answer = operator_client.post(url, {"name": "qwen-tp2"}, follow=True)
+    saved = LaunchProfile.objects.get(name="qwen-tp2")
+    assert not saved.adhoc and saved.latest().args == revision.args
+    assert saved.latest().message == f"From {revision} (ad-hoc)"
+    assert answer.redirect_chain[-1][0] == reverse("nodes:profile-detail", args=[saved.pk])
+    again = operator_client.post(url, {"name": "qwen-tp2"}, follow=True).content.decode()
+    assert "already exists" in again and LaunchProfile.objects.filter(name="qwen-tp2").count() == 1
