@@ -82,4 +82,6 @@ def test_a_launch_healthy_past_the_window_stamps_its_revision_with_what_it_used(
     assert b"qwen-tp2" in page
     detail = client.get(reverse("nodes:profile-detail", args=[revision.profile_id])).content
     assert b"Observed" in detail and f"#{launch.pk}".encode() in detail
+    # Figures read as figures: the observed token count with thousands separators.
+    assert f"{stamp.observed['max_total_num_tokens']:,}".encode() in detail
     assert Launch.objects.get(pk=launch.pk).status == "stopped"
