@@ -36,6 +36,40 @@ class NodeMemory:
     gpu_names: tuple[str, ...] | None = None
     neighbours: tuple[Neighbour, ...] = ()
 
+    @classmethod
+    def from_document(cls, node: Any, mem_available_bytes: Any = None) -> NodeMemory:
+        """The node of a JSON document: ``manage.py budget --node``'s file, or a failure
+        bundle's ``facts.node`` (``{"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int,
+        "name": str}], "mem_available_bytes": int, "cgroup_limit_bytes": int}``, sizes in
+        bytes). ``mem_available_bytes`` given wins over the document's. Raises ``ValueError``
+        where a GPU or a size is missing or not a whole number from 0 to 2^63."""
+        try:
+            gpus = list(node["gpus"])
+            available = node.get("mem_available_bytes")
+            return cls(
+                gpu_memory_bytes=tuple(json_size(g["memory_total_bytes"]) for g in gpus),
+                host_ram_bytes=json_size_or_none(node.get("host_ram_bytes")),
+                mem_available_bytes=json_size_or_none(
+                    available if mem_available_bytes is None else mem_available_bytes
+                ),
+                cgroup_limit_bytes=json_size_or_none(node.get("cgroup_limit_bytes")),
+                gpu_names=tuple(str(g.get("name") or "") for g in gpus),
+            )
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"not a node document: {exc!r}") from None
+
+
+def json_size(value: Any) -> int:
+    """A size in bytes from JSON: a whole number from 0 to 2^63, else ``ValueError``."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise ValueError(f"not a size in bytes: {value!r}"[:120])
+    return value
+
+
+def json_size_or_none(value: Any) -> int | None:
+    """``json_size``, or ``None`` for ``None``."""
+    return None if value is None else json_size(value)
+
 
 @dataclass(frozen=True)
 class Observed:

@@ -17,6 +17,7 @@ from nodes.domain import remedy
 from nodes.domain.budget import NodeMemory, check
 from nodes.domain.budget_types import BudgetReport
 from nodes.domain.diagnosis import Diagnosis, clean_facts, engine_of
+from nodes.domain.diagnosis.evidence import Bundle, Log
 from nodes.domain.geometry import GeometryError, ModelGeometry, from_config
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import DEFAULT_VERSION, table
@@ -84,8 +85,7 @@ def _fits_the_gpus(
     size = changes.get("--tensor-parallel-size")
     if not isinstance(size, int):
         return True
-    visible = str(env.get("CUDA_VISIBLE_DEVICES") or "")
-    count = len(visible.split(",")) if visible else len((facts.get("node") or {}).get("gpus") or [])
+    count = Bundle(Log(""), {**facts, "env": env}, {}).visible_gpus()
     return count == 0 or size <= count
 
 
@@ -101,20 +101,14 @@ def _budget(
 ) -> BudgetReport | None:
     """The budget of ``argv`` on the bundle's node, or ``None`` when the node's GPUs are not
     known (there is then nothing to size against)."""
-    node = facts.get("node") or {}
-    gpus = node.get("gpus") if isinstance(node, Mapping) else None
-    sizes = [_bytes(g.get("memory_total_bytes")) for g in gpus or [] if isinstance(g, Mapping)]
-    known = [s for s in sizes if s]
-    if not known or len(known) != len(sizes):
+    try:
+        memory = NodeMemory.from_document(facts.get("node") or {}, _mem_available(facts))
+    except ValueError:
+        return None
+    if not memory.gpu_memory_bytes or not all(memory.gpu_memory_bytes):
         return None
     flags = parse_command(argv, table(version))
     flags.env = env
-    memory = NodeMemory(
-        gpu_memory_bytes=tuple(known),
-        host_ram_bytes=_bytes(node.get("host_ram_bytes")),
-        mem_available_bytes=_mem_available(facts),
-        gpu_names=tuple(str(g.get("name") or "") for g in gpus or []),
-    )
     return check(
         flags,
         memory,

@@ -57,6 +57,11 @@ def _at_once(node, olga, commands: list[tuple[str, list[int]]]) -> list[Launch]:
     return [x for x in launches if isinstance(x, Launch)]
 
 
+def _halves(command: str) -> list[tuple[str, list[int]]]:
+    """``command`` on GPUs 0–3 and on 4–7 of an 8-GPU node, on ports of their own."""
+    return [(f"{command} --port 30000", [0, 1, 2, 3]), (f"{command} --port 30100", [4, 5, 6, 7])]
+
+
 def _settle(launch: Launch) -> str:
     return wait_for(launch, LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED)
 
@@ -73,12 +78,7 @@ def test_the_issues_experiment_the_second_launch_is_blocked_naming_the_first(
 ):
     """Two llama-3-70b launches at TP 4 with 105 GB per rank on one 449 GB node, submitted in
     the same second on GPUs 0–3 and 4–7: 420 + 420 GB do not fit, one is refused."""
-    big = f"{LLAMA} {HICACHE} 105"
-    launches = _at_once(
-        incident,
-        olga,
-        [(f"{big} --port 30000", [0, 1, 2, 3]), (f"{big} --port 30100", [4, 5, 6, 7])],
-    )
+    launches = _at_once(incident, olga, _halves(f"{LLAMA} {HICACHE} 105"))
     try:
         outcomes = sorted(((_settle(x), x) for x in launches), key=lambda o: o[0])
         (blocked, loser), (ready, winner) = outcomes
@@ -90,12 +90,7 @@ def test_the_issues_experiment_the_second_launch_is_blocked_naming_the_first(
         _stop_all(launches, olga)
     assert not Commitment.objects.filter(released__isnull=True).exists()
     # Sizes that fit together: both run.
-    small = f"{LLAMA} {HICACHE} 50"
-    launches = _at_once(
-        incident,
-        olga,
-        [(f"{small} --port 30000", [0, 1, 2, 3]), (f"{small} --port 30100", [4, 5, 6, 7])],
-    )
+    launches = _at_once(incident, olga, _halves(f"{LLAMA} {HICACHE} 50"))
     try:
         assert [_settle(x) for x in launches] == [LaunchStatus.READY] * 2, [
             x.reason for x in launches

@@ -9,6 +9,16 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from nodes.domain.diagnosis import (
+    gpu_memory,
+    host_memory,
+    kv_pool,
+    launch_settings,
+    nccl,
+    ports,
+    startup,
+    vllm,
+)
 from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule
 from nodes.domain.diagnosis.gpu_holders import (
     cleanup_leak,
@@ -21,7 +31,6 @@ from nodes.domain.diagnosis.gpu_holders import (
     survivors_diagnosis,
 )
 from nodes.domain.diagnosis.gpu_memory import (
-    NOT_ENOUGH_KV,
     gpu_oom_cuda_graph,
     mem_fraction_too_low,
     mem_fraction_window,
@@ -36,15 +45,12 @@ from nodes.domain.diagnosis.host_memory import (
 )
 from nodes.domain.diagnosis.kv_pool import kv_pool_exhausted
 from nodes.domain.diagnosis.launch_settings import (
-    HF_MISSING,
-    NOT_DIVISIBLE,
     block_divisibility,
     model_not_found,
     tp_divisibility,
     tp_gpu_mapping,
 )
 from nodes.domain.diagnosis.nccl import (
-    SHM_SEGMENT,
     gloo_loopback,
     nccl_init_hang,
     nccl_shm,
@@ -53,8 +59,6 @@ from nodes.domain.diagnosis.nccl import (
     startup_collective_timeout,
 )
 from nodes.domain.diagnosis.ports import (
-    BIND_IN_USE,
-    PORT_WAIT,
     dist_store_in_use,
     port_bind_in_use,
     port_in_use,
@@ -66,7 +70,6 @@ from nodes.domain.diagnosis.runtime import (
 )
 from nodes.domain.diagnosis.signatures import SIGNATURES
 from nodes.domain.diagnosis.startup import (
-    ENGINE_READY_TIMEOUT,
     engine_ready_timeout,
     health_check_failure,
     killed_while_starting,
@@ -74,7 +77,6 @@ from nodes.domain.diagnosis.startup import (
     startup_timeout,
 )
 from nodes.domain.diagnosis.vllm import (
-    NO_CACHE_BLOCKS,
     kv_cache_too_small,
     kv_needed_v1,
     no_cache_blocks,
@@ -154,38 +156,20 @@ RULES: Sequence[Rule] = (
 
 
 #: The line that alone shows a rule's failure, whatever its figures say (evidence first): a
-#: rule that cannot read a figure of it still names the category (``_unreadable``).
+#: rule that cannot read a figure of it still names the category (``_unreadable``). Each rule
+#: module says which of its rules a line recognises; the map is in the order rules are tried.
+_RECOGNISES: Mapping[Rule, tuple[str, re.Pattern[str]]] = {
+    **gpu_memory.RECOGNISES,
+    **host_memory.RECOGNISES,
+    **kv_pool.RECOGNISES,
+    **launch_settings.RECOGNISES,
+    **nccl.RECOGNISES,
+    **ports.RECOGNISES,
+    **startup.RECOGNISES,
+    **vllm.RECOGNISES,
+}
 RECOGNISED_BY: Mapping[Rule, tuple[str, re.Pattern[str]]] = {
-    kv_cache_too_small: ("gpu-oom-kv-cache", re.compile(r"stored in KV cache \(")),
-    kv_needed_v1: ("gpu-oom-kv-cache", re.compile(r"KV cache is needed, which is larger than")),
-    no_cache_blocks: ("mem-fraction-too-low", NO_CACHE_BLOCKS),
-    vllm_gpu_occupied: (
-        "gpu-occupied-by-other-process",
-        re.compile(r"on startup is less than desired GPU memory"),
-    ),
-    gpu_oom_cuda_graph: (
-        "gpu-oom-cuda-graph",
-        re.compile(r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*out of memory"),
-    ),
-    host_precheck: ("host-mem-precheck", re.compile(r"Not enough host memory available")),
-    mem_fraction_too_low: ("mem-fraction-too-low", NOT_ENOUGH_KV),
-    nccl_shm: ("nccl-shm", SHM_SEGMENT),
-    shm_insufficient: ("nccl-shm", re.compile(r"Insufficient space in /dev/shm")),
-    tp_divisibility: ("tp-divisibility", NOT_DIVISIBLE),
-    block_divisibility: (
-        "tp-divisibility",
-        re.compile(r"is not divisible by weight quantization block"),
-    ),
-    model_not_found: ("model-not-found", HF_MISSING),
-    port_in_use: ("port-in-use", PORT_WAIT),
-    port_bind_in_use: ("port-in-use", BIND_IN_USE),
-    dist_store_in_use: ("port-in-use", re.compile(r"EADDRINUSE")),
-    engine_ready_timeout: ("startup-timeout", ENGINE_READY_TIMEOUT),
-    router_timeout: ("startup-timeout", re.compile(r"waiting for workers to become healthy")),
-    kv_pool_exhausted: (
-        "gpu-oom-kv-cache",
-        re.compile(r"(?:Decode|Prefill) out of memory\. Try to lower"),
-    ),
+    rule: _RECOGNISES[rule] for rule in RULES if rule in _RECOGNISES
 }
 
 

@@ -248,6 +248,21 @@ class Bundle:
                 return value
         return default
 
+    def cuda_visible(self) -> list[str]:
+        """The entries of the launch's ``CUDA_VISIBLE_DEVICES`` (indices or UUIDs); ``[]``
+        when it is unset or empty."""
+        visible = str((self.facts.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "")
+        return [v.strip() for v in visible.split(",") if v.strip()]
+
+    def node_gpus(self) -> int:
+        """The GPUs ``facts.node`` lists; 0 when it lists none."""
+        return len((self.facts.get("node") or {}).get("gpus") or [])
+
+    def visible_gpus(self) -> int:
+        """The GPUs the launch could use: ``CUDA_VISIBLE_DEVICES``'s entries, else the node's;
+        0 when neither is known."""
+        return len(self.cuda_visible()) or self.node_gpus()
+
     def host_ram_gb(self) -> float | None:
         ram = (self.facts.get("node") or {}).get("host_ram_bytes")
         return ram / 1e9 if isinstance(ram, int | float) and ram > 0 else None

@@ -29,7 +29,7 @@ from nodes.domain.diagnosis.pytorch_oom import (
     OTHER_PROCESS,
     OUTSIDE_MIN_GIB,
     OUTSIDE_SHARE,
-    _gib,
+    gib_of,
     oom_figures,
 )
 
@@ -252,15 +252,17 @@ def _held_at_oom(bundle: Bundle) -> HeldAtOom | None:
     if hit is None:
         return None
     match = hit[1]
-    others = [(int(m["pid"]), _gib(m["used"])) for m in OTHER_PROCESS.finditer(match["processes"])]
+    others = [
+        (int(m["pid"]), gib_of(m["used"])) for m in OTHER_PROCESS.finditer(match["processes"])
+    ]
     if not others:
         return None
     return HeldAtOom(
         hit,
         int(match["gpu"]),
-        total=_gib(match["total"]),
-        free=_gib(match["free"]),
-        tried=_gib(match["tried"]),
+        total=gib_of(match["total"]),
+        free=gib_of(match["free"]),
+        tried=gib_of(match["tried"]),
         others=tuple(others),
         while_loading=_while_loading(bundle, hit),
         holders=tuple(_gpu_holders(bundle)),

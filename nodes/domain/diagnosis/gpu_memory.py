@@ -15,6 +15,7 @@ from nodes.domain.diagnosis.evidence import (
     Diagnosis,
     GiB,
     Hit,
+    Rule,
     _fmt,
     _num,
 )
@@ -661,7 +662,7 @@ def oom_loading_weights(bundle: Bundle) -> Diagnosis | None:
     if not loading or loaded:
         return None
     tp = bundle.tp()
-    visible = _visible_gpus(bundle)
+    visible = bundle.visible_gpus()
     numbers: dict[str, float] = {"tensor_parallel_size": tp}
     said = (
         f"GPU out of memory while loading the weights on GPU {oom[1]['gpu']} (TP {tp}): tried to "
@@ -704,10 +705,11 @@ def oom_loading_weights(bundle: Bundle) -> Diagnosis | None:
     )
 
 
-def _visible_gpus(bundle: Bundle) -> int:
-    """GPUs the launch could use: CUDA_VISIBLE_DEVICES, else the node's; 0 when unknown."""
-    env = bundle.facts.get("env") or {}
-    visible = str(env.get("CUDA_VISIBLE_DEVICES") or "")
-    if visible and all(p.strip().isdigit() for p in visible.split(",")):
-        return len(visible.split(","))
-    return len((bundle.facts.get("node") or {}).get("gpus") or [])
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    gpu_oom_cuda_graph: (
+        "gpu-oom-cuda-graph",
+        re.compile(r"Capture (?:prefill )?(?:cuda|CUDA) graph failed: .*out of memory"),
+    ),
+    mem_fraction_too_low: ("mem-fraction-too-low", NOT_ENOUGH_KV),
+}

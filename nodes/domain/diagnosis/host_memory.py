@@ -18,6 +18,7 @@ from nodes.domain.diagnosis.evidence import (
     Evidence,
     GiB,
     Hit,
+    Rule,
     _fmt,
     _num,
 )
@@ -578,3 +579,9 @@ def _cgroup_usage_text(usage: CgroupUsage) -> str:
     if usage.concurrency is not None:
         text += f" (under load, up to {usage.concurrency} requests at once)"
     return text
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    host_precheck: ("host-mem-precheck", re.compile(r"Not enough host memory available")),
+}

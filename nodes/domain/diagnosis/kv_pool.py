@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Rule
 
 # sglang/srt/managers/schedule_batch.py (alloc_token_slots / alloc_paged_token_slots_*): the
 # step asks for N tokens' slots and the pool has fewer, in whole pages when page_size > 1.
@@ -52,3 +52,12 @@ def kv_pool_exhausted(bundle: Bundle) -> Diagnosis | None:
         evidence=[bundle.evidence(h) for h in (hit, asked, free) if h is not None],
         numbers=numbers,
     )
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    kv_pool_exhausted: (
+        "gpu-oom-kv-cache",
+        re.compile(r"(?:Decode|Prefill) out of memory\. Try to lower"),
+    ),
+}

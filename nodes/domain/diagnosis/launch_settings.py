@@ -8,7 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Hit, Rule
 
 NOT_DIVISIBLE = re.compile(
     r"AssertionError: (?P<dim>\d+) is not divisible by (?P<tp>\d+)|Total number of attention "
@@ -69,8 +69,8 @@ def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
     hit = bundle.log.first(ORDINAL)
     if hit is None:
         return None
-    visible = str((bundle.facts.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "")
-    count = len([v for v in visible.split(",") if v.strip()]) if visible else None
+    listed = bundle.cuda_visible()
+    visible, count = ",".join(listed), len(listed)
     base = bundle.count("base_gpu_id", default=0)
     tp = bundle.tp()
     numbers: dict[str, float] = {"base_gpu_id": base, "tp_size": tp}
@@ -78,7 +78,7 @@ def tp_gpu_mapping(bundle: Bundle) -> Diagnosis | None:
     remedy = "--base-gpu-id is an index into CUDA_VISIBLE_DEVICES; do not set both to physical ids"
     nodes = bundle.facts.get("nodes_in_launch")
     nodes = nodes if isinstance(nodes, int) and nodes > 1 else bundle.count("nnodes")
-    gpus = len((bundle.facts.get("node") or {}).get("gpus") or [])
+    gpus = bundle.node_gpus()
     if count:
         highest = count - tp
         numbers.update(visible_count=count, max_valid_base_gpu_id=highest)
@@ -303,3 +303,14 @@ def block_divisibility(bundle: Bundle) -> Diagnosis | None:
         evidence=[bundle.evidence(hit)],
         numbers=numbers,
     )
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    tp_divisibility: ("tp-divisibility", NOT_DIVISIBLE),
+    block_divisibility: (
+        "tp-divisibility",
+        re.compile(r"is not divisible by weight quantization block"),
+    ),
+    model_not_found: ("model-not-found", HF_MISSING),
+}

@@ -7,7 +7,7 @@ import ipaddress
 import re
 from dataclasses import dataclass
 
-from nodes.domain.diagnosis.evidence import LOAD_END, Bundle, Diagnosis, Hit, _num, _when
+from nodes.domain.diagnosis.evidence import LOAD_END, Bundle, Diagnosis, Hit, Rule, _num, _when
 from nodes.domain.diagnosis.runtime import NCCL_WATCHDOG, SERVED
 
 # NCCL's shm transport (src/transport/shm.cc, misc/shmutils.cc): creating a segment, or
@@ -28,12 +28,10 @@ def nccl_shm(bundle: Bundle) -> Diagnosis | None:
     tp = bundle.tp()
     numbers: dict[str, float] = {"tp_size": tp, "nccl_segment_bytes": segment}
     size = ""
-    for snapshot in reversed(bundle.facts.get("snapshots") or []):
-        shm = snapshot.get("shm") or {}
-        if shm.get("size_bytes"):
-            numbers["shm_size_mb"] = round(shm["size_bytes"] / 2**20)
-            size = f" is only {numbers['shm_size_mb']:g} MB"
-            break
+    if shm_bytes := _shm_bytes(bundle):
+        # The corpus's key (C23) says MB for what Docker's --shm-size 64m gives: 64 MiB.
+        numbers["shm_size_mb"] = round(shm_bytes / 2**20)
+        size = f" is only {numbers['shm_size_mb']:g} MiB"
     numbers["recommended_shm_gb"] = 16
     return Diagnosis(
         category="nccl-shm",
@@ -48,6 +46,15 @@ def nccl_shm(bundle: Bundle) -> Diagnosis | None:
         evidence=[bundle.evidence(hit)],
         numbers=numbers,
     )
+
+
+def _shm_bytes(bundle: Bundle) -> int | None:
+    """The size of /dev/shm in bytes in the latest snapshot that has it; ``None`` without."""
+    for snapshot in reversed(bundle.snapshots()):
+        size = (snapshot.get("shm") or {}).get("size_bytes")
+        if size:
+            return int(size)
+    return None
 
 
 DIST_BEGIN = re.compile(r"Init torch distributed begin")
@@ -243,12 +250,9 @@ def shm_insufficient(bundle: Bundle) -> Diagnosis | None:
         "tensor_parallel_size": tp,
     }
     size = ""
-    for snapshot in reversed(bundle.snapshots()):
-        shm = snapshot.get("shm") or {}
-        if shm.get("size_bytes"):
-            numbers["shm_size_mib"] = round(shm["size_bytes"] / 2**20)
-            size = f" (/dev/shm is {numbers['shm_size_mib']:g} MiB)"
-            break
+    if shm_bytes := _shm_bytes(bundle):
+        numbers["shm_size_mib"] = round(shm_bytes / 2**20)
+        size = f" (/dev/shm is {numbers['shm_size_mib']:g} MiB)"
     chunk = next(
         (
             v
@@ -356,7 +360,7 @@ def p2p_hang(bundle: Bundle) -> Diagnosis | None:
     if any(n > last for n, _ in bundle.log.find(AFTER_INIT)):
         return None
     tp = bundle.tp()
-    gpus = len((bundle.facts.get("node") or {}).get("gpus") or []) or tp
+    gpus = bundle.node_gpus() or tp
     numbers: dict[str, float] = {"tensor_parallel_size": tp, "gpu_count": gpus}
     quiet = ""
     note = bundle.note_match(QUIET_SINCE)
@@ -427,3 +431,10 @@ def startup_collective_timeout(bundle: Bundle) -> Diagnosis | None:
         evidence=[bundle.evidence(hit)],
         numbers=numbers,
     )
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    nccl_shm: ("nccl-shm", SHM_SEGMENT),
+    shm_insufficient: ("nccl-shm", re.compile(r"Insufficient space in /dev/shm")),
+}

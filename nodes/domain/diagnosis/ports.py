@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Hit
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Evidence, Hit, Rule
 from nodes.domain.diagnosis.host_pools import _hicache_risk
 
 PORT_WAIT = re.compile(
@@ -290,3 +290,11 @@ def _holder_of(bundle: Bundle, port: int) -> int | None:
             if row.get("port") == port and row.get("pid"):
                 return int(row["pid"])
     return None
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    port_in_use: ("port-in-use", PORT_WAIT),
+    port_bind_in_use: ("port-in-use", BIND_IN_USE),
+    dist_store_in_use: ("port-in-use", re.compile(r"EADDRINUSE")),
+}

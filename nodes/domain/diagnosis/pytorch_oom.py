@@ -35,9 +35,6 @@ def gib_of(size: str) -> float:
     return _num(value) * _UNITS[unit]
 
 
-_gib = gib_of
-
-
 # The same allocator's text before PyTorch 2.1: no list of processes, only this process's own
 # figures, the free memory and the sizes in format_size's units ("0 bytes free"); with a memory
 # fraction set it adds "N allowed".
@@ -58,6 +55,6 @@ def oom_figures(match: re.Match[str]) -> dict[str, float]:
     """The sizes of an ``OOM_BEFORE_2_1`` match in GiB: ``tried``, ``total``, ``allocated``,
     ``free``, ``reserved``, and ``outside`` = total − free − reserved (what neither PyTorch in
     this process reserved nor is free)."""
-    figures = {k: _gib(match[k]) for k in ("tried", "total", "allocated", "free", "reserved")}
+    figures = {k: gib_of(match[k]) for k in ("tried", "total", "allocated", "free", "reserved")}
     figures["outside"] = max(figures["total"] - figures["free"] - figures["reserved"], 0.0)
     return figures

@@ -16,6 +16,7 @@ from nodes.domain.diagnosis.evidence import (
     Diagnosis,
     Evidence,
     Hit,
+    Rule,
     _prefix,
     _when,
 )
@@ -360,3 +361,10 @@ def killed_while_starting(bundle: Bundle) -> Diagnosis | None:
 
 
 ERROR_LINE = re.compile(r"Traceback \(most recent call last\)|\bError: |Exception: ")
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    engine_ready_timeout: ("startup-timeout", ENGINE_READY_TIMEOUT),
+    router_timeout: ("startup-timeout", re.compile(r"waiting for workers to become healthy")),
+}

@@ -13,6 +13,7 @@ from nodes.domain.diagnosis.evidence import (
     Diagnosis,
     GiB,
     Hit,
+    Rule,
     _fmt,
     _num,
 )
@@ -306,3 +307,15 @@ def _card_gib(bundle: Bundle) -> float | None:
         if isinstance(total, int | float) and total > 0:
             return round(total / GiB, 2)
     return None
+
+
+#: The line that alone shows each rule's failure, whatever its figures say (engine._unreadable).
+RECOGNISES: dict[Rule, tuple[str, re.Pattern[str]]] = {
+    kv_cache_too_small: ("gpu-oom-kv-cache", re.compile(r"stored in KV cache \(")),
+    kv_needed_v1: ("gpu-oom-kv-cache", re.compile(r"KV cache is needed, which is larger than")),
+    no_cache_blocks: ("mem-fraction-too-low", NO_CACHE_BLOCKS),
+    vllm_gpu_occupied: (
+        "gpu-occupied-by-other-process",
+        re.compile(r"on startup is less than desired GPU memory"),
+    ),
+}

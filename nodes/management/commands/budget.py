@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +22,7 @@ from packaging.version import InvalidVersion, Version
 
 from nodes.domain import calibration
 from nodes.domain.budget import NodeMemory, Observed, check
+from nodes.domain.budget_types import json_size_or_none
 from nodes.domain.geometry import GeometryError, from_config
 from nodes.domain.sglang_flags import ParsedCommand, parse_command, split_command
 from nodes.flag_tables import table
@@ -72,30 +72,19 @@ class Command(OneLineCommand):
         if not command:
             raise CommandError("give the launch command after --", returncode=2)
         try:
-            memory = NodeMemory(
-                gpu_memory_bytes=tuple(_size(g["memory_total_bytes"]) for g in node_doc["gpus"]),
-                host_ram_bytes=_size_or_none(node_doc.get("host_ram_bytes")),
-                mem_available_bytes=_size_or_none(
-                    options["available_bytes"]
-                    if options["available_bytes"] is not None
-                    else node_doc.get("mem_available_bytes")
-                ),
-                cgroup_limit_bytes=_size_or_none(node_doc.get("cgroup_limit_bytes")),
-            )
-            weights = _size_or_none(options["weights_bytes"])
+            memory = NodeMemory.from_document(node_doc, options["available_bytes"])
+            weights = json_size_or_none(options["weights_bytes"])
             observed = Observed(
-                free_before_load_bytes=_size_or_none(options["free_before_load_bytes"]),
-                weights_per_rank_bytes=_size_or_none(options["weights_per_rank_bytes"]),
+                free_before_load_bytes=json_size_or_none(options["free_before_load_bytes"]),
+                weights_per_rank_bytes=json_size_or_none(options["weights_per_rank_bytes"]),
             )
-            names = tuple(str(g.get("name") or "") for g in node_doc["gpus"])
-        except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+        except ValueError:
             raise CommandError(
                 '--node: expected {"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int}]} '
                 "with sizes in bytes (0 to 2^63), and non-negative --weights-bytes, "
                 "--free-before-load-bytes and --weights-per-rank-bytes",
                 returncode=2,
             ) from None
-        memory = replace(memory, gpu_names=names)
         version = str(
             options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
         )
@@ -167,17 +156,6 @@ def _calibrated(path: str, given: Observed, flags: ParsedCommand) -> Observed:
         label=f"calibrated from {name}: {weights:.2f} GiB of weights per rank",
         kind="calibrated",
     )
-
-
-def _size(value: Any) -> int:
-    """A size in bytes from JSON: a whole number from 0 to 2^63, else ValueError."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
-        raise ValueError(value)
-    return value
-
-
-def _size_or_none(value: Any) -> int | None:
-    return None if value is None else _size(value)
 
 
 def _read_json(path: str, flag: str) -> Any:
