@@ -9,11 +9,14 @@ folder holds ``launch.log``, ``facts.json``, ``expected.json`` and ``notes.md``
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from django.core.management import call_command
 
 from nodes.domain.diagnosis import Diagnosis, diagnose
 from nodes.services.bundles import bundle_flags
@@ -107,3 +110,50 @@ def score(case: Path, found: Diagnosis) -> Score:
         missing=[k for k, v in want["key_numbers"].items() if not states(found.summary, v)],
         remedy_ok=any(k.lower() in found.remedy.lower() for k in want["remedy_keywords"]),
     )
+
+
+def budget_with_change(facts_doc: dict, change: dict, tmp: Path) -> tuple[int, dict]:
+    """``manage.py budget --json`` on a bundle's node (its ``facts.json``: node, model config,
+    weights, version) for its command with ``change`` applied: ``(exit status, report)``;
+    0 is ``ok`` or ``warn``, 1 blocked."""
+    command = list(facts_doc["command"])
+    for flag, value in change.items():
+        command = _without(command, flag)
+        if value is True:
+            command.append(flag)
+        elif value is not None:
+            command += [flag, str(value)]
+    node = facts_doc.get("node") or {}
+    (tmp / "node.json").write_text(json.dumps({**node, "gpus": node.get("gpus") or []}))
+    args = ["--node", str(tmp / "node.json"), "--json"]
+    if facts_doc.get("model_config"):
+        (tmp / "config.json").write_text(json.dumps(facts_doc["model_config"]))
+        args += ["--model-config", str(tmp / "config.json")]
+    if isinstance(facts_doc.get("model_weights_bytes"), int):
+        args += ["--weights-bytes", str(facts_doc["model_weights_bytes"])]
+    if facts_doc.get("engine_version"):
+        args += ["--sglang-version", facts_doc["engine_version"]]
+    out = io.StringIO()
+    try:
+        call_command("budget", *args, "--", *command, stdout=out)
+        status = 0
+    except SystemExit as exc:
+        status = int(exc.code or 0)
+    return status, json.loads(out.getvalue())
+
+
+def _without(command: list[str], flag: str) -> list[str]:
+    """``command`` without ``flag`` and its argument (``--flag value`` or ``--flag=value``)."""
+    out, skip = [], False
+    for word in command:
+        if skip:
+            skip = False
+            if not word.startswith("--"):
+                continue
+        if word == flag:
+            skip = True
+            continue
+        if word.startswith(flag + "="):
+            continue
+        out.append(word)
+    return out

@@ -19,6 +19,9 @@ here is still importable from here.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+
 from packaging.version import Version
 
 from nodes.domain.budget_device import (
@@ -40,6 +43,7 @@ from nodes.domain.budget_host import (
 )
 from nodes.domain.budget_types import BudgetReport, Message, Neighbour, NodeMemory, Observed
 from nodes.domain.geometry import ModelGeometry
+from nodes.domain.remedy import Change, describe
 from nodes.domain.sglang_flags import ParsedCommand, sglang_version
 from nodes.domain.units import GiB
 
@@ -83,7 +87,92 @@ def check(
     size) are needed for the device pool and ratio-sized host pools, and are reported as
     unknown otherwise. ``observed`` figures (free memory before load, weights per rank, both
     bytes) replace the estimates of the same name. Returns a ``BudgetReport``.
+
+    The report's ``suggestion`` is a complete change: the command with it applied passes this
+    same check (``ok`` or ``warn``, in ``suggestion_verdict``), or there is no suggestion.
     """
+    report = _check(
+        flags,
+        node,
+        version=version,
+        geometry=geometry,
+        weights_bytes=weights_bytes,
+        os_headroom_bytes=os_headroom_bytes,
+        request_tokens=request_tokens,
+        observed=observed,
+    )
+    if report.suggestion:
+        _settle_suggestion(
+            report,
+            lambda change: _check(
+                _with_change(flags, change),
+                node,
+                version=version,
+                geometry=geometry,
+                weights_bytes=weights_bytes,
+                os_headroom_bytes=os_headroom_bytes,
+                request_tokens=request_tokens,
+                observed=observed,
+            ),
+        )
+    return report
+
+
+#: How many times a suggestion is widened by what the check of it suggests in turn (the host
+#: pool's size, then the mem-fraction that lets the host pool exceed the device pool, …).
+SUGGESTION_ROUNDS = 4
+
+
+def _settle_suggestion(report: BudgetReport, recheck: Callable[[Change], BudgetReport]) -> None:
+    """Replace ``report.suggestion`` by the change that passes: the check of the command with
+    the suggestion applied; where that is still blocked, its own suggestion added, up to
+    ``SUGGESTION_ROUNDS`` times. No suggestion where none passes."""
+    change: Change = dict(report.suggestion or {})
+    for _ in range(SUGGESTION_ROUNDS):
+        after = recheck(change)
+        if after.verdict != "block":
+            report.suggestion = change
+            report.suggestion_verdict = after.verdict
+            report.add(
+                "info",
+                "suggested_change",
+                f"Suggested change: {describe(change)} (this check passes it: {after.verdict}).",
+            )
+            return
+        more = after.suggestion or {}
+        if all(change.get(option) == value for option, value in more.items()):
+            break
+        change = {**change, **more}
+    report.suggestion = None
+    report.add(
+        "info",
+        "no_suggestion",
+        "No change of these flags alone passes this check; see the blocks above.",
+    )
+
+
+def _with_change(flags: ParsedCommand, change: Change) -> ParsedCommand:
+    """``flags`` with each option of ``change`` set (its argparse dest: the long option's name
+    with dashes as underscores); ``None`` restores the flag's default by leaving it unset."""
+    values, given = dict(flags.values), set(flags.given)
+    for option, value in change.items():
+        dest = option.lstrip("-").replace("-", "_")
+        values[dest] = value
+        given.add(dest)
+    return replace(flags, values=values, given=given, issues=list(flags.issues))
+
+
+def _check(
+    flags: ParsedCommand,
+    node: NodeMemory,
+    *,
+    version: str,
+    geometry: ModelGeometry | None,
+    weights_bytes: int | None,
+    os_headroom_bytes: int,
+    request_tokens: int,
+    observed: Observed | None,
+) -> BudgetReport:
     report = BudgetReport()
     try:
         vkey = sglang_version(version)

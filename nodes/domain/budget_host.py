@@ -359,13 +359,14 @@ def _host_block(
         report.add("info", "host_fix", text)
         report.suggestion = {"--cpu-offload-gb": fix.offload_gb}
         return
-    text = f"The largest --hicache-size that fits is {fix.largest} (GB per rank)."
+    # Sizes, not changes: the change is said once it has passed the whole check (budget.py).
+    text = f"At most {fix.largest} GB per rank fits the host budget."
     suggestion: dict[str, Any] = {"--hicache-size": fix.largest}
     if fix.meant is not None:
         suggestion = {"--hicache-size": fix.meant}
         text = (
-            f"If {pinned.size_gb} GB was meant for the whole node, that is --hicache-size "
-            f"{fix.meant} per rank ({pinned.size_gb} GB ÷ {pinned.ranks} ranks). " + text
+            f"If {pinned.size_gb} GB was meant for the whole node, that is {fix.meant} GB per "
+            f"rank ({pinned.size_gb} GB ÷ {pinned.ranks} ranks). " + text
         )
     report.add("info", "host_fix", text)
     report.suggestion = suggestion

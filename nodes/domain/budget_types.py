@@ -109,7 +109,9 @@ class BudgetReport:
     host_pool_bytes_per_rank: int | None = None
     host_pool_bytes_per_node: int | None = None
     host_budget_bytes: int | None = None
+    #: A complete change (``{"--flag": value}``) that this check passes, and its verdict then.
     suggestion: dict[str, Any] | None = None
+    suggestion_verdict: str | None = None
     weights_bytes_per_rank: int | None = None
     free_before_load_bytes: int | None = None
     #: Where the two figures came from: ``source`` (observed, calibrated, estimate, partly

@@ -65,13 +65,14 @@ def changes_for(
     for option, key in table.get(category, ()):
         value = numbers.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
-            changes[option] = _plain(value)
+            changes[option] = plain(value)
     if budget_suggestion and category in BUDGET_ANSWERS:
-        changes.update({k: _plain(v) for k, v in budget_suggestion.items()})
+        changes.update({k: plain(v) for k, v in budget_suggestion.items()})
     return changes
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
+    """A whole float as an int (``37.0`` → ``37``), as a command spells it."""
     if isinstance(value, float) and value.is_integer():
         return int(value)
     return value

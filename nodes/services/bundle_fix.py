@@ -52,14 +52,20 @@ def change_of(found: Diagnosis, raw_facts: Mapping[str, Any]) -> dict[str, Any] 
         return None
     if engine != "sglang":
         return changes if _fits_the_gpus(changes, facts, env) else None
-    try:
-        changed = remedy.with_changes(argv, changes, table(version))
-    except ValueError:
-        return None
-    after = _budget(changed, env, facts, version)
-    if after is not None and after.verdict == "block":
-        return None
-    return changes
+    for _ in range(2):
+        try:
+            changed = remedy.with_changes(argv, changes, table(version))
+        except ValueError:
+            return None
+        after = _budget(changed, env, facts, version)
+        if after is None or after.verdict != "block":
+            return changes
+        if not after.suggestion:
+            return None
+        # The budget's suggestion is complete for the changed command (budget.check), as on
+        # the launch page (services.fixes.checked_change).
+        changes = {**changes, **{k: remedy.plain(v) for k, v in after.suggestion.items()}}
+    return None
 
 
 #: Flags whose value is a fraction of the GPU (0 < value < 1).

@@ -23,24 +23,37 @@ from nodes.services import model_facts, profiles
 from nodes.types import Actor
 
 
-def fix_check(launch: Launch, changes: dict[str, Any]) -> dict[str, Any] | None:
-    """The budget's verdict on the flags after ``changes`` (``{"verdict", "blocks"}``), so the
-    page offers only a fix that re-validation accepts."""
+def checked_change(
+    launch: Launch, changes: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``(change, check)``: ``changes`` made complete and checked against the launch's node as
+    it was before the launch. Where the budget still blocks ``changes`` but suggests more (a
+    smaller host pool that then needs a lower mem-fraction-static), the change takes that too.
+    ``check`` is ``{"verdict", "blocks"}``; the change is ``{}`` where none passes (``check``
+    then says what blocks ``changes``), and ``check`` is ``None`` with no ``changes``."""
     if not changes:
-        return None
-    try:
-        args = remedy.with_changes(
-            list(launch.revision.args),
-            changes,
-            table(launch.node.sglang_version or DEFAULT_VERSION),
-        )
-    except ValueError as exc:
-        return {"verdict": "block", "blocks": [str(exc)]}
-    report = _evaluate(launch, args)
-    return {
+        return {}, None
+    version = table(launch.node.sglang_version or DEFAULT_VERSION)
+    tried = dict(changes)
+    report: BudgetReport | None = None
+    for _ in range(2):
+        try:
+            args = remedy.with_changes(list(launch.revision.args), tried, version)
+        except ValueError as exc:
+            return {}, {"verdict": "block", "blocks": [str(exc)], "tried": remedy.describe(tried)}
+        report = _evaluate(launch, args)
+        if report.verdict != "block" or not report.suggestion:
+            break
+        # The budget's suggestion is complete for the changed command (budget.check).
+        tried = {**tried, **{k: remedy.plain(v) for k, v in report.suggestion.items()}}
+    assert report is not None
+    check = {
         "verdict": report.verdict,
         "blocks": [m.text for m in report.messages if m.level == "block"],
     }
+    if report.verdict == "block":
+        return {}, {**check, "tried": remedy.describe(tried)}
+    return tried, check
 
 
 def budget_suggestion(launch: Launch) -> dict[str, Any] | None:

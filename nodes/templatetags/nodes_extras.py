@@ -7,7 +7,7 @@ from typing import Any
 
 from django import template
 
-from nodes.domain import figure_labels
+from nodes.domain import figure_labels, remedy
 from nodes.domain.ownership import HostShare
 from nodes.domain.units import UNITS, format_bytes
 from nodes.models import Gpu
@@ -119,3 +119,9 @@ def figure_label(key: str) -> str:
 def get_item(mapping: Any, key: Any) -> Any:
     """``mapping[key]`` in a template (None when absent)."""
     return mapping.get(key) if isinstance(mapping, dict) else None
+
+
+@register.filter
+def change_text(changes: Any) -> str:
+    """A flag change as a command spells it (``remedy.describe``): ``--hicache-size 37``."""
+    return remedy.describe(changes) if isinstance(changes, dict) else ""

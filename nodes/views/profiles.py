@@ -181,6 +181,37 @@ def _checked(
     return {"report": report, "model": model, "node": node, "command": command, "now": now}
 
 
+def _with_suggestion(
+    request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any]
+) -> ProfileForm:
+    """The form with the budget's suggested change applied to its flags (the change the panel
+    offers, computed again now), or as it was with a message where there is none."""
+    if not form.is_valid():
+        return form
+    node = form.cleaned_data["node"]
+    model = model_facts(node, data.get("model_path", ""), form.cleaned_data["model_config"])
+    report = evaluate(form.args(), node, model, env=form.cleaned_data["env"])
+    if not report.suggestion:
+        messages.info(request, "The budget suggests no change for these flags now.")
+        return form
+    try:
+        args = remedy.with_changes(
+            form.args(), report.suggestion, table(node.sglang_version or DEFAULT_VERSION)
+        )
+    except ValueError as exc:
+        messages.error(request, f"The suggested change cannot be applied: {exc}")
+        return form
+    command = shlex.join(["python3", "-m", "sglang.launch_server", *args])
+    loaded, _ = data_from_command(command, data)
+    loaded["env"] = data.get("env", "")
+    messages.info(
+        request,
+        f"Applied the suggested change: {remedy.describe(report.suggestion)}. Nothing is saved "
+        "until you save the revision.",
+    )
+    return ProfileForm(loaded)
+
+
 @require_POST
 @login_required
 def profile_check(request: HtmxHttpRequest) -> HttpResponse:
@@ -408,6 +439,8 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         form = ProfileForm(loaded)
         if error:
             form.add_error("pasted_command", error)
+    elif request.POST.get("action") == "apply":
+        form = _with_suggestion(request, ProfileForm(data), data.dict())
     else:
         form = ProfileForm(data)
     if profile is not None:

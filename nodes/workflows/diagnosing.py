@@ -18,7 +18,7 @@ from nodes.models import (
     Launch,
 )
 from nodes.services import bundles, notifications
-from nodes.services.fixes import budget_suggestion, fix_check
+from nodes.services.fixes import budget_suggestion, checked_change
 
 
 def diagnose_launch(launch_id: int) -> Diagnosis | None:
@@ -29,8 +29,9 @@ def diagnose_launch(launch_id: int) -> Diagnosis | None:
         return None
     found = bundles.diagnose_bundle(bundles.launch_log_text(launch), bundles.facts_of(launch))
     doc = found.to_json()
-    doc["changes"] = remedy.changes_for(found.category, found.numbers, budget_suggestion(launch))
-    doc["fix_check"] = fix_check(launch, doc["changes"])
+    doc["changes"], doc["fix_check"] = checked_change(
+        launch, remedy.changes_for(found.category, found.numbers, budget_suggestion(launch))
+    )
     first = launch.diagnosis is None
     Launch.objects.filter(pk=launch_id).update(diagnosis=doc, diagnosis_category=found.category)
     if first:

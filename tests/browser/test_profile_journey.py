@@ -33,7 +33,7 @@ def test_paste_blocked_fix_save(live_server, page):
     panel = page.locator("#budget-panel")
     expect(panel).to_contain_text("BLOCK")
     expect(panel).to_contain_text("8 × 300 GB = 2400 GB of pinned host memory")
-    expect(panel).to_contain_text("--hicache-size 37 per rank")
+    expect(panel).to_contain_text("that is 37 GB per rank")
     expect(page.get_by_label("Host pool per TP rank (GB, 10^9 bytes)")).to_have_value("300")
 
     page.get_by_role("button", name="Save revision").click()

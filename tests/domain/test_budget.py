@@ -62,9 +62,11 @@ def test_the_incident_is_blocked_with_the_arithmetic_and_both_fixes():
     assert report.host_pool_bytes_per_rank == 300 * GB // 70_272 * 70_272 + 70_272
     assert "8 × 300 GB = 2400 GB of pinned host memory" in text(report)
     assert "449 GB node" in text(report)
-    assert "--hicache-size 37 per rank (300 GB ÷ 8 ranks)" in text(report)
-    assert "The largest --hicache-size that fits is 49" in text(report)
+    assert "that is 37 GB per rank (300 GB ÷ 8 ranks)" in text(report)
+    assert "At most 49 GB per rank fits the host budget" in text(report)
     assert report.suggestion == {"--hicache-size": 37}
+    assert report.suggestion_verdict == "warn"
+    assert "Suggested change: --hicache-size 37 (this check passes it: warn)" in text(report)
 
 
 def test_the_corrected_incident_passes():

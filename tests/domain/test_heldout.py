@@ -16,7 +16,17 @@ import json
 import pytest
 from django.core.management import call_command
 
-from tests.cases import HELDOUT, case_dir, case_ids, expected, facts, log, run, score
+from tests.cases import (
+    HELDOUT,
+    budget_with_change,
+    case_dir,
+    case_ids,
+    expected,
+    facts,
+    log,
+    run,
+    score,
+)
 
 ALL = case_ids()
 
@@ -109,41 +119,6 @@ def test_the_suggested_change_passes_the_budget_on_the_bundles_node(name, tmp_pa
     ):
         return
     assert change, (found["category"], found["summary"])
-    command = list(doc["command"])
-    for flag, value in change.items():
-        command = _without(command, flag)
-        if value is True:
-            command.append(flag)
-        elif value is not None:
-            command += [flag, str(value)]
-    (tmp_path / "node.json").write_text(json.dumps({**node, "gpus": gpus}))
-    args = ["--node", str(tmp_path / "node.json"), "--json"]
-    if doc.get("model_config"):
-        (tmp_path / "config.json").write_text(json.dumps(doc["model_config"]))
-        args += ["--model-config", str(tmp_path / "config.json")]
-    if isinstance(doc.get("model_weights_bytes"), int):
-        args += ["--weights-bytes", str(doc["model_weights_bytes"])]
-    if doc.get("engine_version"):
-        args += ["--sglang-version", doc["engine_version"]]
-    report = io.StringIO()
-    try:
-        call_command("budget", *args, "--", *command, stdout=report)
-    except SystemExit:  # exit 1: blocked
-        pytest.fail(f"{change} still blocked: {json.loads(report.getvalue())['lines']}")
-
-
-def _without(command: list[str], flag: str) -> list[str]:
-    """``command`` without ``flag`` and its argument (``--flag value`` or ``--flag=value``)."""
-    out, skip = [], False
-    for word in command:
-        if skip:
-            skip = False
-            if not word.startswith("--"):
-                continue
-        if word == flag:
-            skip = True
-            continue
-        if word.startswith(flag + "="):
-            continue
-        out.append(word)
-    return out
+    status, report = budget_with_change(doc, change, tmp_path)
+    if status:
+        pytest.fail(f"{change} still blocked: {report['lines']}")

@@ -31,7 +31,8 @@ def test_the_incident_is_blocked_shown_with_the_numbers_and_not_saved(operator_c
     assert response.status_code == 200
     assert "Blocked: this node cannot run this profile" in body
     assert "8 × 300 GB = 2400 GB of pinned host memory" in body
-    assert "--hicache-size 37 per rank" in body
+    assert "that is 37 GB per rank" in body
+    assert "Suggested change: --hicache-size 37 (this check passes it: warn)" in body
     assert not LaunchProfile.objects.exists() and not ProfileRevision.objects.exists()
 
 

@@ -119,6 +119,22 @@ def _precheck_prints_before_reserve(bundle: Bundle) -> bool | None:
     return version < Version("0.5.19")
 
 
+def _host_larger_than_device(bundle: Bundle) -> str:
+    """What a smaller host pool also needs where SGLang asserts that it holds more tokens than
+    the device pool (up to 0.5.12: shared/reference/sglang.md §1d); ``""`` from 0.5.13, or
+    where the version is not known."""
+    try:
+        version = Version(str(bundle.facts.get("engine_version") or ""))
+    except InvalidVersion:
+        return ""
+    if version >= Version("0.5.13"):
+        return ""
+    return (
+        f"; SGLang {version} also needs each rank's host pool to hold more tokens than its "
+        "device pool, so a smaller --hicache-size can need a lower --mem-fraction-static with it"
+    )
+
+
 def _free_hugepages_gib(bundle: Bundle) -> float | None:
     """Free reserved hugepages before the launch, GiB (meminfo HugePages_Free × Hugepagesize)."""
     for snapshot in bundle.snapshots():
@@ -202,7 +218,7 @@ def _pools_over_host_diagnosis(bundle: Bundle, found: PoolsOverHost) -> Diagnosi
             f"--hicache-size is per rank (the aggregate across local ranks is what the node "
             f"must hold): reduce --hicache-size to at most {max(found.fits, 0)} GB per rank "
             f"here; if {_fmt(pools.pools[0])} GB was meant for the whole node, that is "
-            f"--hicache-size {found.meant}"
+            f"--hicache-size {found.meant}{_host_larger_than_device(bundle)}"
         ),
         evidence=evidence,
         numbers=_pools_over_host_numbers(found),
