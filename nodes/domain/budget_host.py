@@ -12,6 +12,7 @@ Each figure is a function returning it (``pool_by_size``, ``host_budget``, ``hos
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -372,6 +373,13 @@ def _host_block(
     report.suggestion = suggestion
 
 
+#: How much more the suggested host pool holds than the device pool, where SGLang asserts that
+#: it holds more: the device pool here is an estimate (weights per rank from the checkpoint are
+#: a few percent off SGLang's own figure, kv-observations.json), and a size at the boundary
+#: would assert at start on that error.
+HOST_OVER_DEVICE_MARGIN = 0.05
+
+
 @dataclass(frozen=True)
 class LargerHostFix:
     """Up to 0.5.12 the host pool must hold more tokens than the device pool (§1d): the smallest
@@ -388,13 +396,17 @@ def larger_host_fix(device: DevicePool, wanted: int, per_rank_budget: int) -> La
     tokens, cell, pre, weights = device.tokens, device.cell, device.pre, device.weights
     if not tokens or not cell or pre is None or weights is None:
         return None
-    minimum = tokens * cell // GB + 1
-    if wanted >= minimum:
+    if wanted * GB // cell > tokens * (1 + HOST_OVER_DEVICE_MARGIN):
         return None
+    minimum = math.ceil(tokens * cell * (1 + HOST_OVER_DEVICE_MARGIN) / GB)
     if minimum * GB <= per_rank_budget:
         return LargerHostFix(minimum, wanted, None)
-    # No size both fits the host and exceeds the device pool: shrink the device pool instead.
-    return LargerHostFix(minimum, wanted, int((weights + wanted * GB - cell) / pre * 100) / 100)
+    # No size both fits the host and exceeds the device pool: shrink the device pool instead
+    # (its KV bytes are about pre × mfs − weights).
+    device_most = wanted * GB / (1 + HOST_OVER_DEVICE_MARGIN)
+    return LargerHostFix(
+        minimum, wanted, math.floor((weights + device_most - cell) / pre * 100) / 100
+    )
 
 
 def _fit_protocol(

@@ -27,7 +27,7 @@ from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_va
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch
-from nodes.services import teams
+from nodes.services import model_facts, teams
 from nodes.services.launch_flags import args_of
 
 MAX_LOG_BYTES = 256 * 2**20
@@ -73,6 +73,7 @@ def facts_of(launch: Launch) -> dict[str, object]:
             after["notes"] = [f"panel: {launch.reason}", *after.get("notes", [])]
         snapshots.append(after)
     cleaned = launch.cleanups.exclude(result=None).order_by("-created").first()
+    model = model_facts.stored_answer(node, args_of(launch))
     if cleaned is not None:
         snapshots.append(
             cleanup_snapshot(cleaned.result or {}, cleaned.message, _others_hidden(launch, cleaned))
@@ -96,6 +97,8 @@ def facts_of(launch: Launch) -> dict[str, object]:
         env=redact_env({**(launch.revision.env or {}), "CUDA_VISIBLE_DEVICES": launch.gpu_list()}),
         exit_code=launch.exit_status,
         snapshots=snapshots,
+        model_config=model.get("config"),
+        model_weights_bytes=model.get("weights_bytes"),
         extra={
             "rankwise_launch": launch.pk,
             "status": launch.status,

@@ -128,6 +128,17 @@ def model_of(
     return model_facts(node, path, read_node=read_node, wait=wait)
 
 
+def stored_answer(node: Node, args: list[str]) -> dict[str, Any]:
+    """What the panel last read on ``node`` of the model ``args`` serve (``{"config": {…},
+    "weights_bytes": int, …}``), however old; ``{}`` when it never read it. Reads nothing."""
+    flags = parse_command(list(args), table(node.sglang_version))
+    path = str(flags.get("model_path", default="") or "")
+    if not path.startswith("/") or len(path) > PATH_MAX:
+        return {}
+    row = ModelReading.objects.filter(node=node, model_path=posixpath.normpath(path)).first()
+    return dict(row.answer) if row is not None and isinstance(row.answer, dict) else {}
+
+
 def read_now(node: Node, model_path: str) -> ModelReading:
     """Ask the node's agent for the folder (with the stamp of what it read before) and store
     the answer or the reason it could not be read. Never raises for the node."""
