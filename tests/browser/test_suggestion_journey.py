@@ -13,6 +13,7 @@ import io
 import json
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.urls import reverse
@@ -40,7 +41,7 @@ COMMAND = (
 )
 
 
-def _ready(sim):
+def _ready(sim: Any) -> Any:
     sim.reboot()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
@@ -132,7 +133,9 @@ def test_a_failed_launch_offers_the_change_diagnose_json_offers_and_it_passes(
     assert remedy.describe(change) == shown
     with tarfile.open(path) as bundle:
         member = next(m for m in bundle.getmembers() if m.name.endswith("facts.json"))
-        facts_doc = json.load(io.TextIOWrapper(bundle.extractfile(member)))  # type: ignore[arg-type]
+        handle = bundle.extractfile(member)
+        assert handle is not None
+        facts_doc = json.load(io.TextIOWrapper(handle))
     status, report = budget_with_change(facts_doc, change, tmp_path)
     assert status == 0, report["messages"]
 

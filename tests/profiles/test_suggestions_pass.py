@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from nodes.domain import remedy
-from nodes.domain.budget import NodeMemory, check
+from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.geometry import from_config
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
@@ -26,7 +26,9 @@ MODELS = {"kimi": (KIMI, 595 * GB), "llama": (LLAMA_70B, 141 * GB)}
 VERSIONS = ("0.4.10.post2", "0.5.2", "0.5.9", "0.5.23")
 
 
-def _suggested(argv, gpus, ram, available, model, version):
+def _suggested(
+    argv: list[str], gpus: tuple[int, ...], ram: int, available: int, model: str, version: str
+) -> BudgetReport:
     config, weights = MODELS[model]
     node = NodeMemory(tuple(gpus), ram, mem_available_bytes=available)
     report = check(
@@ -94,11 +96,12 @@ def test_the_issues_case_suggests_both_flags_and_they_pass(tmp_path):
     argv = _command("kimi", 8, 0.93, 300)
     report = _suggested(argv, gpus, ram, available, "kimi", "0.5.9")
     assert report.verdict == "block"
-    assert set(report.suggestion or {}) == {"--hicache-size", "--mem-fraction-static"}
-    assert report.suggestion["--hicache-size"] == 37
+    suggestion = report.suggestion or {}
+    assert set(suggestion) == {"--hicache-size", "--mem-fraction-static"}
+    assert suggestion["--hicache-size"] == 37
     alone = remedy.with_changes(argv, {"--hicache-size": 37}, table("0.5.9"))
     assert _budget_cli(tmp_path, alone, gpus, ram, available, "kimi", "0.5.9")[0] == 1
-    changed = remedy.with_changes(argv, report.suggestion, table("0.5.9"))
+    changed = remedy.with_changes(argv, suggestion, table("0.5.9"))
     status, doc = _budget_cli(tmp_path, changed, gpus, ram, available, "kimi", "0.5.9")
     assert status == 0 and doc["verdict"] == report.suggestion_verdict
 
