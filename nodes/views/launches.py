@@ -129,7 +129,12 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
                 initial[key] = request.GET[key]
         placed = _placed(initial, request.user)
         form = LaunchForm(initial=initial, user=request.user)
-        context = {"form": form, "preset": _preset(form, request.user), "placed": placed}
+        context = {
+            "form": form,
+            "preset": _preset(form, request.user),
+            "placed": placed,
+            "chosen": _chosen_node(initial, placed),
+        }
         return render(request, "nodes/launch_form.html", context)
     context = {"form": form, "preset": _preset(form, request.user)}
     return render(request, "nodes/launch_form.html", context)
@@ -148,6 +153,19 @@ def _placed(initial: dict[str, Any], user: Any) -> placement.Placement | None:
         initial["node"] = Node.objects.get(name=best.node).pk
         initial.setdefault("gpus", ",".join(str(i) for i in best.gpus))
     return found
+
+
+def _chosen_node(initial: dict[str, Any], placed: placement.Placement | None) -> dict[str, Any]:
+    """The node a link chose (``?node=``) and whether the revision fits there now: ``{"name",
+    "fits", "reasons"}``; ``{}`` when the link chose none or the form chose the best."""
+    if placed is None or not str(initial.get("node", "")).isdigit():
+        return {}
+    node = Node.objects.filter(pk=int(initial["node"])).first()
+    if node is None or (placed.candidates and placed.candidates[0].node == node.name):
+        return {}
+    fits = any(c.node == node.name for c in placed.candidates)
+    reasons = next((r.reasons for r in placed.refused if r.node == node.name), [])
+    return {"name": node.name, "fits": fits, "reasons": reasons}
 
 
 def _visible_revision(pk: Any, user: Any) -> ProfileRevision | None:

@@ -254,6 +254,18 @@ class Bundle:
         visible = str((self.facts.get("env") or {}).get("CUDA_VISIBLE_DEVICES") or "")
         return [v.strip() for v in visible.split(",") if v.strip()]
 
+    def gpu_named(self, cuda_index: Any) -> str:
+        """A CUDA device index (as PyTorch's messages print it) in the node's words: ``GPU 3``,
+        or ``CUDA device 0 (GPU 4 of the node)`` where ``CUDA_VISIBLE_DEVICES`` renumbers."""
+        listed = self.cuda_visible()
+        try:
+            physical = listed[int(cuda_index)]
+        except (ValueError, TypeError, IndexError):
+            return f"GPU {cuda_index}"
+        if physical == str(cuda_index):
+            return f"GPU {cuda_index}"
+        return f"CUDA device {cuda_index} (GPU {physical} of the node)"
+
     def node_gpus(self) -> int:
         """The GPUs ``facts.node`` lists; 0 when it lists none."""
         return len((self.facts.get("node") or {}).get("gpus") or [])

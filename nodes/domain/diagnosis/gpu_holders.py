@@ -164,14 +164,16 @@ def _outside_at_oom_diagnosis(bundle: Bundle, found: OutsideAtOom) -> Diagnosis:
     return Diagnosis(
         category="gpu-occupied-by-other-process",
         summary=(
-            f"GPU {gpu} is occupied outside this launch: of its {figures['total']:.2f} GiB only "
+            f"{bundle.gpu_named(gpu)} is occupied outside this launch: of its "
+            f"{figures['total']:.2f} GiB only "
             f"{figures['free']:.2f} GiB was free and this process's PyTorch reserved "
             f"{figures['reserved']:.2f} GiB, so {figures['outside']:.2f} GiB is held by another "
             f"process (or outside PyTorch); this launch ran out of memory{when} (allocating "
             f"{figures['tried']:.2f} GiB)"
         ),
         remedy=(
-            f"find what holds GPU {gpu} (nvidia-smi --query-compute-apps=pid,used_memory, or the "
+            f"find what holds {bundle.gpu_named(gpu)} (nvidia-smi --query-compute-apps=pid,"
+            "used_memory, or the "
             "node's GPU holders) and stop it, or launch on idle GPUs (CUDA_VISIBLE_DEVICES); add "
             "a pre-launch GPU idle check"
         ),
@@ -289,7 +291,8 @@ def _held_at_oom_diagnosis(bundle: Bundle, found: HeldAtOom) -> Diagnosis:
         category="gpu-occupied-by-other-process",
         secondary_categories=["defunct-zombie-process"] if orphans else [],
         summary=(
-            f"GPU {found.gpu} is occupied by {_others_text(found)} of its {found.total:.2f} GiB, "
+            f"{bundle.gpu_named(found.gpu)} is occupied by {_others_text(found)} of its "
+            f"{found.total:.2f} GiB, "
             f"so only {found.free:.2f} GiB was free and this launch ran out of memory"
             f"{' while loading the weights' if found.while_loading else ''} (allocating "
             f"{found.tried:.2f} GiB){_orphan_text(orphans)}"

@@ -332,7 +332,8 @@ def _graph_oom_diagnosis(bundle: Bundle, found: GraphOom) -> Diagnosis:
         category="gpu-oom-cuda-graph",
         secondary_categories=["mem-fraction-too-high"],
         summary=(
-            f"GPU OOM during CUDA-graph capture on GPU {found.gpu}{on}: tried to allocate "
+            f"GPU OOM during CUDA-graph capture on {bundle.gpu_named(found.gpu)}{on}: tried to "
+            "allocate "
             f"{found.printed['tried']}, {found.printed['free']} of {found.printed['total']} free"
             f"{_graph_oom_began(found)}{_graph_oom_keeps(found)}{_graph_oom_capture(found)}"
             f"{_graph_oom_hicache(found)}"
@@ -394,7 +395,11 @@ def _graph_oom_keeps(found: GraphOom) -> str:
 def _graph_oom_began(found: GraphOom) -> str:
     """When capture began with (SGLang's avail mem=, GiB though it prints GB), and for vLLM
     what its utilization left outside its budget."""
-    said = f"; capture began with {found.capture_avail} free" if found.capture_avail else ""
+    said = ""
+    if found.capture_avail:
+        # SGLang's "avail mem=1.38 GB" is GiB (it divides by 1 << 30).
+        gib = found.capture_avail.removesuffix(" GB")
+        said = f"; capture began with {gib} GiB free (SGLang's avail mem=, printed as GB)"
     if found.util is not None and found.outside_budget is not None:
         said += (
             f"; --gpu-memory-utilization {_fmt(found.util)} leaves (1 - {_fmt(found.util)}) x "
@@ -665,8 +670,9 @@ def oom_loading_weights(bundle: Bundle) -> Diagnosis | None:
     visible = bundle.visible_gpus()
     numbers: dict[str, float] = {"tensor_parallel_size": tp}
     said = (
-        f"GPU out of memory while loading the weights on GPU {oom[1]['gpu']} (TP {tp}): tried to "
-        f"allocate {oom[1]['tried']}, {oom[1]['free']} of {oom[1]['total']} free"
+        f"GPU out of memory while loading the weights on {bundle.gpu_named(oom[1]['gpu'])} "
+        f"(TP {tp}): tried to allocate {oom[1]['tried']}, {oom[1]['free']} of "
+        f"{oom[1]['total']} free"
     )
     numbers.update(
         tried_to_allocate_gib=round(gib_of(oom[1]["tried"]), 2),

@@ -62,15 +62,30 @@ def host_precheck(bundle: Bundle) -> Diagnosis | None:
         before_reserve = True  # a request under the printed figure: only the reserve refuses it
     usable = free - HOST_RESERVE_GB if before_reserve else free
     short = requested - usable
+    ranks = bundle.local_ranks()
+    # Every rank on the node pins its own pool out of the same free memory.
+    per_rank = max(math.floor(usable / ranks), 0)
     numbers = {
         "requested_gb": requested,
         "reported_free_gb": free,
         "reserve_gb": reserve,
         "effective_free_gb": round(usable, 2),
         "shortfall_gb": round(short, 2),
-        # Every rank on the node pins its own pool out of the same free memory.
-        "suggested_hicache_size_gb": max(math.floor(usable / bundle.local_ranks()), 0),
+        "suggested_hicache_size_gb": per_rank,
     }
+    shared = (
+        f"{per_rank} GB per rank here: {_fmt(round(max(usable, 0), 2))} GB usable shared by "
+        f"the {ranks} ranks on this node"
+        if ranks > 1
+        else f"{per_rank} GB here"
+    )
+    others = neighbours(bundle)
+    beside = elsewhere = ""
+    if others:
+        numbers["other_launches_gb"] = round(sum(n.gb for n in others), 2)
+        beside = f", beside {said(others)} committed by the other launches on the node"
+        names = ", ".join(n.label for n in others)
+        elsewhere = f"; or start it on another node, or once {names} ended"
     if before_reserve:
         counted = (
             f"{_fmt(free)} GB free minus SGLang's fixed 10 GiB ({_fmt(reserve)} GB) reserve = "
@@ -96,12 +111,12 @@ def host_precheck(bundle: Bundle) -> Diagnosis | None:
         secondary_categories=["host-oom-hicache"],
         summary=(
             f"host RAM precheck failed: hicache {_fmt(requested)} GB requested, {counted} (short "
-            f"by {_fmt(short)} GB){unseen}"
+            f"by {_fmt(short)} GB){beside}{unseen}"
         ),
         remedy=(
-            f"reduce --hicache-size so that --hicache-size <= MemAvailable - {_fmt(reserve)} GB "
-            f"({max(math.floor(usable), 0)} GB per rank here; the 10 GiB reserve is SGLang's "
-            f"own), or free host memory before launching{fix}"
+            f"reduce --hicache-size so that the ranks' pools together fit MemAvailable - "
+            f"{_fmt(reserve)} GB ({shared}; the 10 GiB reserve is SGLang's own), or free host "
+            f"memory before launching{elsewhere}{fix}"
         ),
         evidence=[bundle.evidence(hit)],
         numbers=numbers,
