@@ -1,7 +1,7 @@
 """Whose memory is on a node: each GPU's used memory split between Rankwise launches (ours),
 other processes (foreign: PID, user, command) and memory no process holds (ghost), and the
-host RAM split between what launches committed, what is used besides, and what is free. All
-sizes are bytes. Input: the GPU processes a probe read (NVML's, with the ``RANKWISE_LAUNCH_ID``
+host RAM split between what launches pinned, what they committed and have not pinned yet, what
+is used besides, and what is free. All sizes are bytes. Input: the GPU processes a probe read (NVML's, with the ``RANKWISE_LAUNCH_ID``
 each carries), the node's commitments."""
 
 from __future__ import annotations
@@ -121,10 +121,12 @@ def escaped(owners: Iterable[GpuOwners], ended: Iterable[int]) -> list[tuple[int
 
 @dataclass(frozen=True)
 class HostShare:
-    """A node's host RAM: ``committed`` by launches (their host pools), ``used`` besides what
-    they committed, ``free`` (MemAvailable less what is committed and not yet pinned)."""
+    """A node's host RAM: ``pinned`` by launches (host pools they allocated), ``committed`` by
+    launches that have not pinned theirs yet (they will once loaded), ``used`` besides, ``free``
+    (MemAvailable less what is committed and not yet pinned)."""
 
     total_bytes: int
+    pinned_bytes: int
     committed_bytes: int
     used_bytes: int
     free_bytes: int
@@ -142,4 +144,4 @@ def host_share(
     waiting = sum(size for size, pinned in rows if not pinned)
     free = max(0, (available if available is not None else total) - waiting)
     used = max(0, total - free - all_committed)
-    return HostShare(total, all_committed, used, free)
+    return HostShare(total, all_committed - waiting, waiting, used, free)

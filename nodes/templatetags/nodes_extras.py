@@ -83,9 +83,11 @@ def gpu_owner_bar(view: GpuView) -> dict[str, object]:
 
 @register.inclusion_tag("nodes/_stacked_bar.html")
 def host_share_bar(share: HostShare) -> dict[str, object]:
-    """Host RAM as one stacked bar: committed by launches, used besides, free (GB)."""
+    """Host RAM as one stacked bar: pinned by launches, committed by launches not yet pinned,
+    used besides, free (GB)."""
     parts = [
-        ("committed", share.committed_bytes, "committed by launches (their host pools)"),
+        ("ours", share.pinned_bytes, "pinned by launches (their host pools)"),
+        ("committed", share.committed_bytes, "committed by launches that have not pinned yet"),
         ("used", share.used_bytes, "used besides the launches' commitments"),
     ]
     return _stacked(parts, share.total_bytes, "GB")

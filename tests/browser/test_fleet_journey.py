@@ -52,6 +52,9 @@ def test_the_fleet_page_shows_a_commitment_appear_run_and_go(
     )
     discovery.heartbeat_sweep(timeout=10)  # the heartbeat reads the GPUs the ranks now hold
     expect(spare.locator(".commitments")).to_contain_text("ready", timeout=15_000)
+    # Once pinned, the host pools are ours, no longer "committed" (still to come).
+    expect(spare.locator('[data-host="ram"]')).to_contain_text("ours 40 GB", timeout=15_000)
+    expect(spare.locator('[data-host="ram"]')).not_to_contain_text("committed")
     expect(spare.locator('[data-gpu="0"] .bar')).to_have_attribute(
         "aria-label", re.compile(r"^ours "), timeout=15_000
     )
