@@ -1,8 +1,8 @@
 """Whose memory is on a node: each GPU's used memory split between Rankwise launches (ours),
 other processes (foreign: PID, user, command) and memory no process holds (ghost), and the
 host RAM split between what launches pinned, what they committed and have not pinned yet, what
-is used besides, and what is free. All sizes are bytes. Input: the GPU processes a probe read (NVML's, with the ``RANKWISE_LAUNCH_ID``
-each carries), the node's commitments."""
+is used besides, and what is free. All sizes are bytes. Input: the GPU processes a probe read
+(NVML's, with the ``RANKWISE_LAUNCH_ID`` each carries), the node's commitments."""
 
 from __future__ import annotations
 
