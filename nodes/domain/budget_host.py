@@ -363,7 +363,12 @@ def _host_block(
     # Sizes, not changes: the change is said once it has passed the whole check (budget.py).
     text = f"At most {fix.largest} GB per rank fits the host budget."
     suggestion: dict[str, Any] = {"--hicache-size": fix.largest}
-    if fix.meant is not None:
+    if fix.largest < 1:
+        # --hicache-size 0 means "size it by --hicache-ratio" (§1d), not "none": without a
+        # host pool that fits, the change is to run without HiCache.
+        text = "No host pool fits the host budget: run without the hierarchical cache."
+        suggestion = {"--enable-hierarchical-cache": None, "--hicache-size": None}
+    elif fix.meant is not None:
         suggestion = {"--hicache-size": fix.meant}
         text = (
             f"If {pinned.size_gb} GB was meant for the whole node, that is {fix.meant} GB per "
@@ -417,6 +422,8 @@ def _fit_protocol(
     if not {"host_oom", "host_not_larger"} & {m.code for m in report.messages}:
         return
     wanted = (report.suggestion or {}).get("--hicache-size", size_gb)
+    if wanted is None:  # the suggestion drops the host pool
+        return
     fix = larger_host_fix(device, wanted, per_rank_budget)
     if fix is None:
         return

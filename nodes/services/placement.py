@@ -89,12 +89,12 @@ def place(revision: ProfileRevision, actor: Actor, *, wait: float | None = 0) ->
     for node in nodes:
         left = None if wait is None else max(0.0, deadline - time.monotonic())
         model = model_of(node, args, read_node=read_node, wait=left) if node in usable else None
-        found = on_node(node, args, env, model)
-        if isinstance(found, Candidate):
-            candidates.append(found)
-        else:
+        found = gpu_sets_on_node(node, args, env, model)
+        if isinstance(found, Refused):
             refused.append(found)
-    candidates.sort(key=lambda c: (c.verdict != "ok", c.others, -c.headroom_bytes, c.node))
+        else:
+            candidates += found
+    candidates.sort(key=lambda c: (c.verdict != "ok", c.others, -c.headroom_bytes, c.node, c.gpus))
     name = f"{revision.profile.name}@{revision.number}"
     shown = [replace(c, reasons=teams.mask_launch_ids(actor, c.reasons)) for c in candidates]
     said = [Refused(r.node, teams.mask_launch_ids(actor, r.reasons)) for r in refused]
@@ -106,7 +106,18 @@ def on_node(
 ) -> Candidate | Refused:
     """Whether ``args`` with ``env`` (a revision's flags, or a form's) could start on ``node``
     now, beside what is committed there, on the GPUs nobody holds: the first free ones it
-    needs, with the budget there; or why not. Names other launches by id only (mask them with
+    needs, with the budget there; or why not (``gpu_sets_on_node``'s first set)."""
+    found = gpu_sets_on_node(node, args, env, model)
+    return found if isinstance(found, Refused) else found[0]
+
+
+def gpu_sets_on_node(
+    node: Node, args: list[str], env: dict[str, str], model: ModelFacts | None
+) -> list[Candidate] | Refused:
+    """Every GPU set of ``node`` where ``args`` with ``env`` could start now, beside what is
+    committed there: the free GPUs in index order, taken as many at a time as the ranks need
+    (GPUs 0–3 and 4–7 for TP 4 on eight free GPUs), each with the budget on its GPUs; or why
+    not, from the first set. Names other launches by id only (mask them with
     ``teams.mask_launch_ids`` before showing them)."""
     if (why := _unusable(node)) or model is None:
         return Refused(node.name, [why or "unusable"])
@@ -122,18 +133,25 @@ def on_node(
     if len(free) < ranks:
         needs = f"needs {ranks} GPU(s), {len(free)} free of {len(list(node.gpus.all()))}"
         return Refused(node.name, [needs, *taken])
-    chosen = free[:ranks]
     neighbours = commitments.neighbours(node)
-    memory = replace(node_memory(node, chosen), neighbours=neighbours)
-    report = evaluate(args, node, model, env=env, memory=memory)
-    blocks = [m.text for m in report.messages if m.level == "block"]
-    if blocks:
-        return Refused(node.name, blocks)
-    headroom = _headroom(node, report.host_pool_bytes_per_node or 0)
-    warns = [m.text for m in report.messages if m.level == "warn"]
-    # The GPUs passed over, and why: an operator sees why GPU 2 is not in the set.
-    reasons = [*warns, *(f"{why} (passed over)" for why in taken)]
-    return Candidate(node.name, chosen, report.verdict, headroom, reasons, len(neighbours))
+    found: list[Candidate] = []
+    first_blocks: list[str] = []
+    for start in range(0, len(free) - ranks + 1, ranks):
+        chosen = free[start : start + ranks]
+        memory = replace(node_memory(node, chosen), neighbours=neighbours)
+        report = evaluate(args, node, model, env=env, memory=memory)
+        blocks = [m.text for m in report.messages if m.level == "block"]
+        if blocks:
+            first_blocks = first_blocks or blocks
+            continue
+        headroom = _headroom(node, report.host_pool_bytes_per_node or 0)
+        warns = [m.text for m in report.messages if m.level == "warn"]
+        # The GPUs passed over, and why: an operator sees why GPU 2 is not in the set.
+        reasons = [*warns, *(f"{why} (passed over)" for why in taken)]
+        found.append(
+            Candidate(node.name, chosen, report.verdict, headroom, reasons, len(neighbours))
+        )
+    return found or Refused(node.name, first_blocks)
 
 
 def _unusable(node: Node) -> str | None:

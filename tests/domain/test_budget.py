@@ -395,3 +395,19 @@ def test_other_launches_on_the_node_count_and_are_named():
     # Once the first has pinned its pool, MemAvailable already counts it: not counted twice.
     pinned = replace(alone, mem_available_bytes=20 * GB, neighbours=(replace(first, pinned=True),))
     assert check(flags, pinned, version="0.5.9").host_budget_bytes == max(0, 20 * GB - 10 * GiB)
+
+
+def test_with_no_host_pool_that_fits_the_suggestion_runs_without_hicache():
+    """Beside another launch's 420 GB no --hicache-size fits; 0 would mean "size it by the
+    ratio" to SGLang, so the change drops the hierarchical cache, and that passes."""
+    node = replace(NODE, neighbours=(Neighbour("#12 (llama@1)", 420 * GB),))
+    command = INCIDENT.replace("--tp-size 8", "--tp-size 4").replace("300", "105")
+    report = run(command, node, geometry=from_config(LLAMA_70B), weights_bytes=141 * GB)
+    assert report.verdict == "block" and "host_oom" in codes(report)
+    assert report.suggestion == {"--enable-hierarchical-cache": None, "--hicache-size": None}
+    assert "No host pool fits the host budget" in text(report)
+    without = command.split(" --enable-hierarchical-cache")[0]
+    assert run(without, node, geometry=from_config(LLAMA_70B), weights_bytes=141 * GB).verdict in (
+        "ok",
+        "warn",
+    )

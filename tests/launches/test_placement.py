@@ -74,15 +74,17 @@ def test_candidates_come_best_first_and_each_other_node_says_why_not(olga):
     _node("d-away", status=NodeStatus.MAINTENANCE)
     neighbour = _running(busy, _revision("other", 4, 75), [0, 1, 2, 3], 300 * GB)
     found = placement.place(_revision("llama", 4, 5), olga)
-    # Both 8-GPU nodes fit; the one with no other launch first, then the busy one's free GPUs.
+    # Both 8-GPU nodes fit: each GPU set of the one with no other launch first, then the busy
+    # one's free GPUs.
     assert [(c.node, c.gpus) for c in found.candidates] == [
         ("a-quiet", [0, 1, 2, 3]),
+        ("a-quiet", [4, 5, 6, 7]),
         ("b-busy", [4, 5, 6, 7]),
     ]
     # Host RAM left after it: MemAvailable less the other launch's unpinned 300 GB, less 20 GB.
     assert found.candidates[0].headroom_bytes == 430 * GB - 20 * GB
-    assert found.candidates[1].headroom_bytes == 430 * GB - 300 * GB - 20 * GB
-    assert f"GPU 0: reserved by launch #{neighbour.pk} (passed over)" in found.candidates[1].reasons
+    assert found.candidates[2].headroom_bytes == 430 * GB - 300 * GB - 20 * GB
+    assert f"GPU 0: reserved by launch #{neighbour.pk} (passed over)" in found.candidates[2].reasons
     refused = {r.node: r.reasons for r in found.refused}
     assert refused["c-small"][0] == "needs 4 GPU(s), 2 free of 2"
     assert refused["d-away"] == ["in maintenance"]
@@ -137,9 +139,11 @@ def test_the_json_has_exactly_the_documented_keys(olga):
     _node("gpu-02", gpus=1)
     doc = placement.place(_revision("llama", 2, 5), olga).to_json()
     assert set(doc) == {"revision", "candidates", "refused"} and doc["revision"] == "llama@1"
+    # TP 2 on eight free GPUs: four GPU sets, each with the same keys.
+    assert [c["gpus"] for c in doc["candidates"]] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [set(c) for c in doc["candidates"]] == [
         {"node", "gpus", "verdict", "headroom_bytes", "reasons"}
-    ]
+    ] * 4
     assert [set(r) for r in doc["refused"]] == [{"node", "reasons"}]
     assert json.loads(json.dumps(doc)) == doc
 
