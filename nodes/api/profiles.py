@@ -137,6 +137,8 @@ def placement_of(request: HttpRequest, name: str, revision: int | None = None) -
     on the nodes for an operator's token only."""
     if "\x00" in name or "@" in name:
         raise HttpError(404, "no such profile")
+    if revision is not None and revision < 1:
+        raise HttpError(422, f"revision must be a revision number (1 or more), not {revision}")
     spec = name if revision is None else f"{name}@{revision}"
     try:
         found = launching.resolve_profile(spec, request.user)

@@ -191,3 +191,5 @@ def test_the_api_answers_as_the_cli(client):
     assert client.get("/api/profiles/fits/placement?revision=1", **headers).status_code == 200
     for missing in ("/api/profiles/fits/placement?revision=2", "/api/profiles/nope/placement"):
         assert client.get(missing, **headers).status_code == 404
+    negative = client.get("/api/profiles/fits/placement?revision=-1", **headers)
+    assert negative.status_code == 422 and "revision number (1 or more)" in negative.json()["detail"]
