@@ -38,8 +38,11 @@ class Inspection:
 
 def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
     """Read the node's GPUs (NVML) and their holders (open device files, launch groups) and
-    its host memory. Changes nothing. Raises ``ssh.RemoteError``."""
+    its host memory; the GPU reading is stored as a heartbeat's is. Changes nothing on the node.
+    Raises ``ssh.RemoteError``."""
     facts = readings.probe(node, live=True, timeout=30)
+    # One reading: what this one saw is also what the node page's GPU table and the fleet show.
+    readings.save_live(node, facts)
     with ssh.pool.session(target_for(node)) as conn:
         raw = agent.holders(conn)
     folders = [f for f in raw.launches if f.pgid and (f.launch_id or "").isdigit()]

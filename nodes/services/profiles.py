@@ -6,10 +6,11 @@ same input checks, the same budget, the same audit.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import NamedTuple
 
 from django.db import transaction
-from django.db.models import Max
+from django.db.models import Max, Sum
 from django.http import HttpRequest
 
 from nodes.domain import env_policy
@@ -17,7 +18,7 @@ from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
-from nodes.models import LaunchProfile, Node, ProfileRevision
+from nodes.models import Commitment, LaunchProfile, Node, ProfileRevision
 from nodes.services import calibrations, teams
 from nodes.services.audit import record
 from nodes.services.model_facts import ModelFacts, model_facts, model_of
@@ -75,6 +76,42 @@ def node_memory(node: Node, only: list[int] | None = None) -> NodeMemory:
         gpu_used_bytes=tuple(g.memory_used_bytes or 0 for g in gpus) or None,
         gpu_names=tuple(g.name for g in gpus) or None,
     )
+
+
+def node_memory_for(node: Node, profile_name: str | None) -> NodeMemory:
+    """The node as a launch of the profile named ``profile_name`` would find it, which is what
+    a revision of it is checked against: the memory its own launches there hold (their GPU
+    processes, the host pools they pinned) counts as free, as once they are stopped to make way
+    for it; what anything else holds stays used. ``node_memory`` for a new profile. Whether it
+    could start now beside what runs is ``placement.on_node``'s question."""
+    memory = node_memory(node)
+    own = set(
+        Commitment.objects.filter(
+            node=node, released__isnull=True, launch__revision__profile__name=profile_name or ""
+        ).values_list("launch_id", flat=True)
+    )
+    if not profile_name or not own:
+        return memory
+    gpus = list(node.gpus.all())
+    used = tuple(
+        max(
+            0,
+            (g.memory_used_bytes or 0)
+            - sum(
+                int(p.get("used_memory_bytes") or 0)
+                for p in g.processes or []
+                if isinstance(p, dict) and p.get("launch_id") in own
+            ),
+        )
+        for g in gpus
+    )
+    pinned = Commitment.objects.filter(launch_id__in=own, pinned=True).aggregate(
+        total=Sum("host_bytes")
+    )["total"]
+    available = memory.mem_available_bytes
+    if available is not None and pinned:
+        available = min(available + pinned, node.host_ram_bytes or available + pinned)
+    return replace(memory, gpu_used_bytes=used or None, mem_available_bytes=available)
 
 
 def evaluate(
@@ -221,7 +258,8 @@ def submit_revision(
     flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
     path = str(flags.get("model_path", default="") or "")
     model = model_facts(node, path, pasted_config, wait=model_wait)
-    report = evaluate(list(args), node, model, env=env)
+    memory = node_memory_for(node, profile_name)
+    report = evaluate(list(args), node, model, env=env, memory=memory)
     if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
         why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
         raise ProfileRefused(report.verdict, f"{report.verdict}: {why}", report)

@@ -8,6 +8,7 @@ from typing import Any
 from django import template
 
 from nodes.domain import figure_labels, remedy
+from nodes.domain.launch_plan import IDLE_GPU_BYTES
 from nodes.domain.ownership import HostShare
 from nodes.domain.units import UNITS, format_bytes
 from nodes.models import Gpu
@@ -127,3 +128,19 @@ def get_item(mapping: Any, key: Any) -> Any:
 def change_text(changes: Any) -> str:
     """A flag change as a command spells it (``remedy.describe``): ``--hicache-size 37``."""
     return remedy.describe(changes) if isinstance(changes, dict) else ""
+
+
+@register.filter
+def gpu_use(gpus: Any) -> str:
+    """A node's GPUs as last read, in one phrase: ``3 of 8 in use, 301.5 of 1,128 GiB``;
+    "not read" before any reading."""
+    rows = list(gpus)
+    read = [g for g in rows if g.memory_used_bytes is not None]
+    if not read:
+        return "not read"
+    busy = sum(1 for g in read if g.memory_used_bytes > IDLE_GPU_BYTES)
+    used = sum(g.memory_used_bytes for g in read)
+    total = sum(g.memory_total_bytes for g in read)
+    return (
+        f"{busy} of {len(rows)} in use, {format_bytes(used, 'GiB')} of {format_bytes(total, 'GiB')}"
+    )

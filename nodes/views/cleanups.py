@@ -33,7 +33,12 @@ def node_gpus(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     reading is there), changes nothing. Operators only: nothing runs on a node for a viewer
     (and every process's command line shows here)."""
     node = get_object_or_404(Node, pk=pk)
-    return render(request, "nodes/gpu_holders.html", _reading(request, node, None))
+    context = _reading(request, node, None)
+    response = render(request, "nodes/gpu_holders.html", context)
+    if context.get("inspection") is not None:
+        # The reading is stored: the GPU table above shows the same one (it listens for this).
+        response["HX-Trigger"] = "node-read"
+    return response
 
 
 def _reading(request: HtmxHttpRequest, node: Node, launch: Launch | None) -> dict[str, Any]:

@@ -94,6 +94,7 @@ def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "task_id": state.id if state is not None and state.running else None,
         "finished": state is not None and not state.running and not error,
         "discovery_error": error,
+        "owners": {g.owners.index: g for g in fleet.node_view(node, request.user).gpus},
     }
     return render(request, "nodes/node_detail.html#node-live", context)
 
@@ -110,7 +111,8 @@ def node_discover(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     record("node.discover", actor=request.user, obj=node, request=request)
     if request.htmx:
         node = Node.objects.prefetch_related("gpus").get(pk=pk)
-        context = {"node": node, "task_id": task_id}
+        owners = {g.owners.index: g for g in fleet.node_view(node, request.user).gpus}
+        context = {"node": node, "task_id": task_id, "owners": owners}
         return render(request, "nodes/node_detail.html#node-live", context)
     messages.info(request, f"Discovery of {node.name} started.")
     return redirect(reverse("nodes:node-detail", args=[node.pk]))

@@ -31,6 +31,7 @@ from nodes.services.profiles import (
     EnvRefused,
     ProfileRefused,
     evaluate,
+    node_memory_for,
     save_revision,
     submit_revision,
 )
@@ -171,7 +172,9 @@ def _checked(
         node, data["model_path"], data["model_config"], read_node=read_node, wait=wait
     )
     env = form.cleaned_data["env"]
-    report = evaluate(form.args(), node, model, env=env)
+    # As for this profile's own launch: its running servers' memory is not someone else's.
+    memory = node_memory_for(node, data.get("name") or None)
+    report = evaluate(form.args(), node, model, env=env, memory=memory)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
     command = shlex.join(
         [*shown, "python3", "-m", "sglang.launch_server", *redact_args(form.args())]
@@ -304,7 +307,8 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
         messages.error(request, f"{old} names no node to check it on; edit it instead.")
         return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     model = model_of(node, list(old.args), wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS)
-    report = evaluate(list(old.args), node, model, env=dict(old.env or {}))
+    memory = node_memory_for(node, profile.name)
+    report = evaluate(list(old.args), node, model, env=dict(old.env or {}), memory=memory)
     try:
         revision = save_revision(
             profile_name=profile.name,

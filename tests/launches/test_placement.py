@@ -192,4 +192,5 @@ def test_the_api_answers_as_the_cli(client):
     for missing in ("/api/profiles/fits/placement?revision=2", "/api/profiles/nope/placement"):
         assert client.get(missing, **headers).status_code == 404
     negative = client.get("/api/profiles/fits/placement?revision=-1", **headers)
-    assert negative.status_code == 422 and "revision number (1 or more)" in negative.json()["detail"]
+    assert negative.status_code == 422
+    assert "revision number (1 or more)" in negative.json()["detail"]

@@ -1,0 +1,59 @@
+"""Journey (issue 19, item 4): the node page shows one reading of the GPUs, fresh.
+
+Right after a launch became ready, and before any heartbeat read the node again, the GPU table,
+the GPU holders and the node list agree on what each GPU holds."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from django.urls import reverse
+from playwright.sync_api import expect
+
+from nodes.models import Gpu
+from nodes.workflows import ending, launching
+from tests.browser.test_node_journey import log_in
+from tests.browser.test_reuse_journey import ready_node
+from tests.factories import make_user
+from tests.launching import wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+COMMAND = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
+GIB = re.compile(r"([\d,]+(?:\.\d+)?) GiB")
+
+
+def _gib(text: str) -> float:
+    found = GIB.search(text)
+    assert found, text
+    return float(found[1].replace(",", ""))
+
+
+def test_the_gpu_table_and_the_holders_show_the_same_fresh_reading(
+    panel, page, sim_fleet, launch_workers
+):
+    node = ready_node(sim_fleet["spare"])
+    olga = make_user("olga", "operator")
+    launch = launching.submit(node=node, command=COMMAND, actor=olga)
+    try:
+        assert wait_for(launch, "ready", "failed", "blocked", timeout=120) == "ready"
+        # No heartbeat since the server took its memory: the stored reading is the old one.
+        assert not any(g.memory_used_bytes for g in Gpu.objects.filter(node=node))
+
+        log_in(page, panel.url, "olga")
+        page.goto(f"{panel.url}{reverse('nodes:node-detail', args=[node.pk])}")
+        holders = page.locator('#gpu-holders tr[data-gpu="0"]')
+        expect(holders).to_contain_text(f"launch #{launch.pk}", timeout=30_000)
+        held = _gib(holders.locator("td").nth(2).inner_text())
+        assert held > 1
+        # The table above shows that same reading, without a reload.
+        table = page.locator("#gpu-table tbody tr").first
+        expect(table.locator(".owners")).to_contain_text(f"#{launch.pk}", timeout=15_000)
+        assert _gib(table.locator(".gpu-memory").inner_text()) == held
+        expect(page.locator("#gpu-read-at")).to_contain_text("As read")
+
+        page.get_by_role("link", name="Nodes").first.click()
+        row = page.locator("#node-table tr", has_text=node.name)
+        expect(row.locator(".gpu-use")).to_contain_text("2 of 2 in use")
+    finally:
+        assert ending.stop(launch.pk, actor=olga).clean
