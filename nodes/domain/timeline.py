@@ -7,9 +7,12 @@ A sample is ``{"t": seconds since the launch began, "host_total_bytes", "host_av
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
+
+from nodes.domain.units import format_bytes
 
 #: At most this many samples are kept, spread evenly over the launch: the first and the latest
 #: always stay.
@@ -52,15 +55,39 @@ def lowest_available(samples: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] 
 
 @dataclass(frozen=True)
 class Series:
+    """One line: ``label`` names what it draws (``GPU 0–7`` where several GPUs drew the same
+    line), ``count`` how many series it stands for."""
+
     label: str
     points: str  # SVG polyline points, "x,y x,y"
     peak_bytes: int
+    count: int = 1
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A moment on a chart: ``kind`` is ``ready``, ``kill`` (the kernel's OOM killer) or
+    ``oom`` (a CUDA out-of-memory); ``x`` in the SVG's coordinates, ``label`` what happened and
+    the figures it said (the sampler, every few seconds, can miss the moment itself)."""
+
+    kind: str
+    t: float
+    x: float
+    label: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """An axis label at ``percent`` of the axis (0 at the origin)."""
+
+    label: str
+    percent: float
 
 
 @dataclass(frozen=True)
 class Chart:
     """One panel: series scaled to ``width`` × ``height`` with the y axis from 0 to
-    ``capacity_bytes``; ``duration_s`` is the x range."""
+    ``capacity_bytes``; ``duration_s`` is the x range; ticks on both axes, markers."""
 
     title: str
     capacity_bytes: int
@@ -69,13 +96,55 @@ class Chart:
     unit: str  # how the page prints its sizes: host RAM in GB, GPU memory in GiB
     width: int = WIDTH
     height: int = HEIGHT
+    markers: list[Marker] = field(default_factory=list)
+    y_ticks: list[Tick] = field(default_factory=list)
+    x_ticks: list[Tick] = field(default_factory=list)
 
 
-def charts(samples: Sequence[Mapping[str, Any]], gpu_totals: Mapping[int, int]) -> list[Chart]:
-    """Host RAM used and each GPU's used memory; ``[]`` with fewer than two samples."""
+@dataclass(frozen=True)
+class Event:
+    """Something that happened at ``t`` s into the launch, for the ``chart`` (``host`` or
+    ``gpu``) it concerns: ``Marker.kind`` and its words."""
+
+    chart: str
+    kind: str
+    t: float
+    label: str
+
+
+#: The kernel's OOM-kill line (mm/oom_kill.c): the victim and what it held, in kB.
+OOM_KILL = re.compile(
+    r"Killed process (?P<pid>\d+) \((?P<comm>[^)]*)\).*?anon-rss:(?P<anon>\d+)kB.*?"
+    r"shmem-rss:(?P<shmem>\d+)kB"
+)
+
+
+def kill_events(kernel_lines: Sequence[str], t: float) -> list[Event]:
+    """The kernel log's OOM kills as host-chart events at ``t`` (the kernel log's own clock is
+    not the launch's): who was killed and the memory it held (anon + shmem RSS, GB)."""
+    found = []
+    for line in kernel_lines:
+        match = OOM_KILL.search(str(line))
+        if match:
+            held = (int(match["anon"]) + int(match["shmem"])) * 1024
+            label = (
+                f"OOM kill (kernel log): PID {match['pid']} ({match['comm']}) holding "
+                f"{format_bytes(held, 'GB')}; host RAM was exhausted"
+            )
+            found.append(Event("host", "kill", t, label))
+    return found
+
+
+def charts(
+    samples: Sequence[Mapping[str, Any]],
+    gpu_totals: Mapping[int, int],
+    events: Sequence[Event] = (),
+) -> list[Chart]:
+    """Host RAM used and the GPUs' used memory (GPUs that drew the same line as one line);
+    ``[]`` with fewer than two samples. ``events`` become markers on their chart."""
     if len(samples) < 2:
         return []
-    end = max(float(s.get("t") or 0) for s in samples) or 1.0
+    end = max([float(s.get("t") or 0) for s in samples] + [e.t for e in events]) or 1.0
     found = []
     host = [
         (float(s.get("t") or 0), s["host_total_bytes"] - s["host_available_bytes"])
@@ -85,20 +154,54 @@ def charts(samples: Sequence[Mapping[str, Any]], gpu_totals: Mapping[int, int]) 
     ]
     if host:
         total = max(int(s.get("host_total_bytes") or 0) for s in samples)
-        found.append(Chart("Host RAM used", total, end, [_series("host", host, total, end)], "GB"))
+        series = [_series("host", host, total, end)]
+        found.append(_chart("Host RAM used", total, end, series, "GB", events, "host"))
     indexes = sorted({int(i) for s in samples for i in (s.get("gpus") or {})})
     if indexes:
         capacity = max([gpu_totals.get(i, 0) for i in indexes] + [1])
-        series = []
+        lines: dict[tuple[tuple[float, int], ...], list[int]] = {}
         for index in indexes:
-            points = [
+            points = tuple(
                 (float(s.get("t") or 0), int(s["gpus"][str(index)]))
                 for s in samples
                 if str(index) in (s.get("gpus") or {})
-            ]
-            series.append(_series(f"GPU {index}", points, capacity, end))
-        found.append(Chart("GPU memory used", capacity, end, series, "GiB"))
+            )
+            lines.setdefault(points, []).append(index)
+        series = [
+            replace(_series(_gpus_label(group), list(points), capacity, end), count=len(group))
+            for points, group in lines.items()
+        ]
+        found.append(_chart("GPU memory used", capacity, end, series, "GiB", events, "gpu"))
     return found
+
+
+def _chart(
+    title: str,
+    capacity: int,
+    end: float,
+    series: list[Series],
+    unit: str,
+    events: Sequence[Event],
+    kind: str,
+) -> Chart:
+    markers = [
+        Marker(e.kind, e.t, round(e.t / end * WIDTH, 1), e.label)
+        for e in events
+        if e.chart in (kind, "all")
+    ]
+    y_ticks = [Tick(format_bytes(round(capacity * f), unit), f * 100) for f in (0, 0.5, 1)]
+    x_ticks = [Tick(f"{end * f:,.0f} s", f * 100) for f in (0, 0.5, 1)]
+    return Chart(title, capacity, end, series, unit, markers=markers, y_ticks=y_ticks,
+                 x_ticks=x_ticks)  # fmt: skip
+
+
+def _gpus_label(indexes: list[int]) -> str:
+    """``GPU 3``, ``GPU 0–7`` (a run), ``GPU 0, 2, 5``."""
+    if len(indexes) == 1:
+        return f"GPU {indexes[0]}"
+    if indexes == list(range(indexes[0], indexes[-1] + 1)):
+        return f"GPU {indexes[0]}–{indexes[-1]} (the same on each)"
+    return f"GPU {', '.join(map(str, indexes))} (the same on each)"
 
 
 def _series(label: str, points: list[tuple[float, int]], capacity: int, end: float) -> Series:

@@ -226,8 +226,36 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "charts": timeline.charts(
             launch.memory_timeline or [],
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
+            _chart_events(launch, diagnosis),
         ),
     }
+
+
+def _chart_events(launch: Launch, diagnosis: dict[str, Any] | None) -> list[timeline.Event]:
+    """What the memory charts mark: ready, and at the end the kernel's OOM kills and a CUDA
+    out-of-memory with the figures their messages gave (the sampler can miss the moment)."""
+    if launch.started is None:
+        return []
+    events = []
+    if launch.ready_at is not None:
+        t = (launch.ready_at - launch.started).total_seconds()
+        events.append(timeline.Event("all", "ready", t, f"ready after {t:,.0f} s"))
+    if launch.ended is None:
+        return events
+    end = (launch.ended - launch.started).total_seconds()
+    events += timeline.kill_events((launch.snapshot or {}).get("oom_lines") or [], end)
+    numbers = (diagnosis or {}).get("numbers") or {}
+    total, free = (
+        numbers.get("gpu_total_gib"),
+        numbers.get("free_gib_at_oom", numbers.get("free_gib")),
+    )
+    if isinstance(total, int | float) and isinstance(free, int | float):
+        label = (
+            f"CUDA out of memory: {total - free:.2f} of {total:.2f} GiB in use, "
+            f"{numbers.get('tried_to_allocate_gib', '?')} GiB more asked (PyTorch's message)"
+        )
+        events.append(timeline.Event("gpu", "oom", end, label))
+    return events
 
 
 def _phases(progress: Progress) -> list[dict[str, Any]]:

@@ -122,6 +122,21 @@ def test_a_failed_launch_offers_the_change_diagnose_json_offers_and_it_passes(
     shown = page.locator("#suggested-change").inner_text()
     assert "--hicache-size 37" in shown and "--mem-fraction-static" in shown, shown
 
+    # Item 8: the kill the 2 s sampler missed is marked with what the kernel log said; both
+    # axes are labelled; GPUs that drew the same line are one line, named by their range.
+    host = page.locator("figure[data-chart='Host RAM used']")
+    expect(host.locator("[data-marker=kill]").first).to_contain_text("OOM kill (kernel log)")
+    expect(host.locator(".y-ticks span")).to_have_count(3)
+    expect(host.locator(".x-ticks span").last).to_contain_text(" s")
+    gpus = page.locator("figure[data-chart='GPU memory used']")
+    drawn = [line.get_attribute("points") for line in gpus.locator("polyline").all()]
+    assert drawn and len(set(drawn)) == len(drawn), "two GPU lines drawn on each other"
+    assert len(drawn) == gpus.locator(".legend li:not([data-marker])").count()
+    for width in (1440, 1024):
+        page.set_viewport_size({"width": width, "height": 900})
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= width, f"the failed launch's page is {wide} px wide at {width} px"
+
     # The bundle the page offers, diagnosed by the CLI: the same change.
     archive = page.request.get(f"{panel.url}{reverse('nodes:launch-bundle', args=[failed.pk])}")
     assert archive.ok

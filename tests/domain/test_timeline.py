@@ -33,3 +33,49 @@ def test_charts_scale_used_memory_to_capacity_over_time():
 def test_one_sample_draws_nothing():
     assert timeline.charts([timeline.sample(0, GB, GB, {})], {}) == []
     assert timeline.lowest_available([]) is None
+
+
+def test_gpus_that_drew_the_same_line_are_one_line_named_by_their_range():
+    same = {i: 10 * GiB for i in range(8)}
+    samples = [
+        timeline.sample(0, GB, GB, dict.fromkeys(range(8), 0)),
+        timeline.sample(5, GB, GB, same),
+    ]
+    (_, gpus) = timeline.charts(samples, dict.fromkeys(range(8), 96 * GiB))
+    assert [(s.label, s.count) for s in gpus.series] == [("GPU 0–7 (the same on each)", 8)]
+    one_differs = {**same, 3: 20 * GiB}
+    samples[-1] = timeline.sample(5, GB, GB, one_differs)
+    (_, gpus) = timeline.charts(samples, dict.fromkeys(range(8), 96 * GiB))
+    assert [s.label for s in gpus.series] == ["GPU 0, 1, 2, 4, 5, 6, 7 (the same on each)", "GPU 3"]
+
+
+def test_both_axes_are_labelled_from_zero_to_their_end():
+    samples = [
+        timeline.sample(0, 449 * GB, 449 * GB, {}),
+        timeline.sample(120, 449 * GB, 9 * GB, {}),
+    ]
+    (host,) = timeline.charts(samples, {})
+    assert [(t.label, t.percent) for t in host.y_ticks] == [
+        ("0 GB", 0),
+        ("224.5 GB", 50),
+        ("449 GB", 100),
+    ]
+    assert [t.label for t in host.x_ticks] == ["0 s", "60 s", "120 s"]
+
+
+def test_a_kill_the_sampler_missed_is_marked_with_what_the_kernel_said():
+    line = (
+        "Out of memory: Killed process 4242 (sglang::schedul) total-vm:461943040kB, "
+        "anon-rss:300000000kB, file-rss:0kB, shmem-rss:20000000kB, UID:0 pgtables:1kB"
+    )
+    (kill,) = timeline.kill_events(["noise", line], 310.0)
+    assert kill.chart == "host" and kill.kind == "kill" and kill.t == 310.0
+    assert "PID 4242 (sglang::schedul) holding 327.7 GB" in kill.label
+    samples = [
+        timeline.sample(0, 449 * GB, 440 * GB, {}),
+        timeline.sample(300, 449 * GB, 145 * GB, {}),
+    ]
+    (host,) = timeline.charts(samples, {}, [kill])
+    assert host.duration_s == 310.0  # the axis reaches the kill
+    (marker,) = host.markers
+    assert marker.x == 600.0 and "host RAM was exhausted" in marker.label

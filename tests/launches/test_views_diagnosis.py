@@ -64,7 +64,7 @@ def test_a_failed_launch_shows_its_diagnosis_first_with_the_numbers(viewer_clien
 
 def test_the_memory_timeline_is_drawn_from_the_samples(viewer_client, incident):
     page = viewer_client.get(reverse("nodes:launch-detail", args=[incident.pk])).content.decode()
-    assert "Memory during start-up" in page
+    assert "Memory over the launch" in page
     assert 'aria-label="Host RAM used"' in page and 'aria-label="GPU memory used"' in page
     # Host RAM used: 9 GB, then 249 GB, then 448 GB of 449 GB — the line climbs to the top.
     assert "peak 448 GB" in page and "GPU 0: peak 88 GiB" in page
