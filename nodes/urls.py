@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes.views import accounts, calibrations, cleanups, inventory, launches, profiles
+from nodes.views import accounts, calibrations, cleanups, exchange, inventory, launches, profiles
 
 app_name = "nodes"
 
@@ -27,6 +27,8 @@ urlpatterns = [
     path("ssh-keys/<int:pk>/delete/", inventory.credential_delete, name="credential-delete"),
     path("launch-profiles/", profiles.profile_list, name="profile-list"),
     path("launch-profiles/new/", profiles.profile_create, name="profile-create"),
+    path("launch-profiles/export/", exchange.profiles_export, name="profiles-export"),
+    path("launch-profiles/import/", exchange.profiles_import, name="profiles-import"),
     path("launch-profiles/check/", profiles.profile_check, name="profile-check"),
     path("launch-profiles/<int:pk>/", profiles.profile_detail, name="profile-detail"),
     path("launch-profiles/<int:pk>/edit/", profiles.profile_edit, name="profile-edit"),

@@ -1,0 +1,60 @@
+"""Export and import of launch profiles in the panel, as the API does them (``rankwise-profiles/1``,
+``services.exchange``): the same document, the same checks, the same report."""
+
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpResponse
+from django.shortcuts import render
+from django.utils import timezone
+from django.views.decorators.http import require_GET, require_http_methods
+
+from nodes.forms.exchange import ImportForm
+from nodes.models.choices import Role
+from nodes.services import exchange, teams
+from nodes.services.audit import record
+from nodes.services.teams import visible_profiles
+from nodes.views.http import HtmxHttpRequest, role_required
+
+
+@require_GET
+@login_required
+def profiles_export(request: HtmxHttpRequest) -> HttpResponse:
+    """Every profile the user may see (or those ``?name=`` names), with revisions and stamps,
+    as a file to download; secret values are written as ``****``, as the API's export."""
+    visible = visible_profiles(request.user).filter(adhoc=False)
+    wanted = [n for n in request.GET.getlist("name") if "\x00" not in n]
+    if wanted:
+        visible = visible.filter(name__in=wanted)
+    doc = exchange.export(list(visible.values_list("name", flat=True)))
+    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
+    name = f"rankwise-profiles-{wanted[0] if len(wanted) == 1 else stamp}.json"
+    response = HttpResponse(
+        json.dumps(doc, indent=2, ensure_ascii=False), content_type="application/json"
+    )
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def profiles_import(request: HtmxHttpRequest) -> HttpResponse:
+    """An export file brought in: every revision checked first (nothing is saved when one is
+    refused); equal revisions skipped, different ones reported as conflicts and left alone."""
+    form = ImportForm(request.POST or None, request.FILES or None)
+    context: dict[str, object] = {"form": form}
+    if request.method == "POST" and form.is_valid():
+        try:
+            report = exchange.import_(
+                form.cleaned_data["document"],
+                author=request.user.get_username(),
+                writable=lambda p: teams.may_write(request.user, p),
+            )
+        except exchange.ImportRefused as exc:
+            form.add_error("document", f"Nothing was imported: {exc}")
+        else:
+            record("profile.import", actor=request.user, after=report.to_json(), request=request)
+            context["report"] = report
+    return render(request, "nodes/profile_import.html", context)

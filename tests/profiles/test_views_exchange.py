@@ -1,0 +1,53 @@
+"""Export and import in the panel: who may, what a viewer's export holds, refusals."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from nodes.models import LaunchProfile, ProfileRevision, Team
+from tests.factories import make_node
+
+pytestmark = pytest.mark.django_db
+
+
+def _profile(name: str, **fields) -> LaunchProfile:
+    node = make_node(f"n-{name}", sglang_version="0.5.9")
+    profile = LaunchProfile.objects.create(name=name, created_by="pat", **fields)
+    ProfileRevision.objects.create(
+        profile=profile, number=1, args=["--model-path", "/m", "--api-key", "sk-secret"],
+        env={}, author="pat", node=node, verdict="ok", report={},
+    )  # fmt: skip
+    return profile
+
+
+def test_a_viewers_export_holds_what_they_see_with_secrets_masked(viewer_client):
+    _profile("open")
+    _profile("hidden", team=Team.objects.create(name="research"), visibility="team")
+    response = viewer_client.get(reverse("nodes:profiles-export"))
+    assert response["Content-Disposition"].startswith('attachment; filename="rankwise-profiles-')
+    doc = json.loads(response.content)
+    assert [p["name"] for p in doc["profiles"]] == ["open"]
+    assert "sk-secret" not in response.content.decode() and "****" in response.content.decode()
+
+
+def test_a_viewer_cannot_import(viewer_client):
+    assert viewer_client.get(reverse("nodes:profiles-import")).status_code == 403
+
+
+@pytest.mark.parametrize(
+    ("content", "said"),
+    [
+        (b"\xff\xfe", "not text"),
+        (b"[1, 2", "not JSON"),
+        (b'{"format": "something/2", "profiles": []}', "Nothing was imported"),
+    ],
+)
+def test_a_file_that_is_not_an_export_is_refused_and_nothing_saved(operator_client, content, said):
+    upload = SimpleUploadedFile("x.json", content, content_type="application/json")
+    page = operator_client.post(reverse("nodes:profiles-import"), {"document": upload})
+    assert page.status_code == 200 and said in page.content.decode()
+    assert not LaunchProfile.objects.exists()
