@@ -127,13 +127,14 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
         for key in ("revision", "adhoc_revision", "node", "gpus", "port", "command"):
             if request.GET.get(key):
                 initial[key] = request.GET[key]
+        asked = _node_named_by(initial)
         placed = _placed(initial, request.user)
         form = LaunchForm(initial=initial, user=request.user)
         context = {
             "form": form,
             "preset": _preset(form, request.user),
             "placed": placed,
-            "chosen": _chosen_node(initial, placed),
+            "chosen": _chosen_node(asked, placed),
         }
         return render(request, "nodes/launch_form.html", context)
     context = {"form": form, "preset": _preset(form, request.user)}
@@ -141,31 +142,35 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
 
 
 def _placed(initial: dict[str, Any], user: Any) -> placement.Placement | None:
-    """Where the revision the form opens with fits now; the best node and GPUs preselected
-    (in ``initial``) unless the link chose a node."""
+    """Where the revision the form opens with fits now. The node the link chose (the
+    revision's own, on its profile page) stays chosen where it fits, with its first free GPU
+    set; elsewhere the best node and GPUs are preselected (in ``initial``)."""
     pk = initial.get("adhoc_revision") or initial.get("revision")
     revision = _visible_revision(pk, user)
     if revision is None:
         return None
     found = placement.place(revision, user)
-    if found.candidates and "node" not in initial:
-        best = found.candidates[0]
+    chosen = _node_named_by(initial)
+    here = [c for c in found.candidates if chosen is not None and c.node == chosen.name]
+    best = here[0] if here else (found.candidates[0] if found.candidates else None)
+    if best is not None:
         initial["node"] = Node.objects.get(name=best.node).pk
         initial.setdefault("gpus", ",".join(str(i) for i in best.gpus))
     return found
 
 
-def _chosen_node(initial: dict[str, Any], placed: placement.Placement | None) -> dict[str, Any]:
-    """The node a link chose (``?node=``) and whether the revision fits there now: ``{"name",
-    "fits", "reasons"}``; ``{}`` when the link chose none or the form chose the best."""
-    if placed is None or not str(initial.get("node", "")).isdigit():
+def _node_named_by(initial: dict[str, Any]) -> Node | None:
+    text = str(initial.get("node", ""))
+    return Node.objects.filter(pk=int(text)).first() if text.isdigit() and len(text) < 10 else None
+
+
+def _chosen_node(asked: Node | None, placed: placement.Placement | None) -> dict[str, Any]:
+    """The node a link chose (``?node=``) where the revision does not fit now: ``{"name",
+    "reasons"}`` (why not); ``{}`` where it fits or no link chose one."""
+    if placed is None or asked is None or any(c.node == asked.name for c in placed.candidates):
         return {}
-    node = Node.objects.filter(pk=int(initial["node"])).first()
-    if node is None or (placed.candidates and placed.candidates[0].node == node.name):
-        return {}
-    fits = any(c.node == node.name for c in placed.candidates)
-    reasons = next((r.reasons for r in placed.refused if r.node == node.name), [])
-    return {"name": node.name, "fits": fits, "reasons": reasons}
+    reasons = next((r.reasons for r in placed.refused if r.node == asked.name), [])
+    return {"name": asked.name, "reasons": reasons}
 
 
 def _visible_revision(pk: Any, user: Any) -> ProfileRevision | None:

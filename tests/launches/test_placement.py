@@ -161,6 +161,25 @@ def test_the_launch_form_preselects_the_best_node_and_gpus(client, olga):
     assert 'value="0,1,2,3"' in page
 
 
+@pytest.mark.django_db
+def test_the_node_a_link_chose_stays_where_it_fits_and_is_replaced_where_not(client, olga):
+    """*Launch @N* on a profile's page names the revision's node: kept, with free GPUs, where
+    the revision fits there; where it does not, the best node instead, and the page says so."""
+    busy, free = _node("a-busy", gpus=4), _node("b-free")
+    _running(busy, _revision("x", 1, 1), [0], GB)
+    revision = _revision("llama", 2, 5)
+    client.force_login(olga)
+    url = reverse("nodes:launch-create")
+    kept = client.get(url, {"revision": revision.pk, "node": busy.pk}).content.decode()
+    assert f'<option value="{busy.pk}" selected>' in kept and 'value="1,2"' in kept
+    assert "does not fit on" not in kept
+    big = _revision("big", 4, 5)
+    moved = client.get(url, {"revision": big.pk, "node": busy.pk}).content.decode()
+    assert f'<option value="{free.pk}" selected>' in moved and 'value="0,1,2,3"' in moved
+    assert "It does not fit on a-busy, the node the link chose, now" in moved
+    assert "the form starts with b-free instead" in moved
+
+
 @pytest.mark.django_db(transaction=True)
 def test_the_cli_answers_json_and_exits_0_1_or_2(settings):
     make_user("olga", "operator")
