@@ -49,6 +49,11 @@ urlpatterns = [
         profiles.profile_revert,
         name="profile-revert",
     ),
+    path(
+        "launch-profiles/<int:pk>/revisions/<int:number>/save-as-profile/",
+        profiles.profile_promote,
+        name="profile-promote",
+    ),
     path("launches/", launches.launch_list, name="launch-list"),
     path("launches/new/", launches.launch_create, name="launch-create"),
     path("launches/<int:pk>/", launches.launch_detail, name="launch-detail"),

@@ -11,7 +11,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
-from django.db.models import Exists, F, OuterRef, Prefetch, Subquery
+from django.db.models import Count, Exists, F, Max, OuterRef, Prefetch, Subquery
 from django.http import HttpResponse, HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -30,8 +30,10 @@ from nodes.services.model_facts import model_facts, model_of
 from nodes.services.profiles import (
     EnvRefused,
     ProfileRefused,
+    PromoteRefused,
     evaluate,
     node_memory_for,
+    promote,
     save_revision,
     submit_revision,
 )
@@ -79,8 +81,16 @@ def profile_list(request: HtmxHttpRequest) -> HttpResponse:
     profiles = profiles.annotate(
         last_success=Subquery(stamps.order_by("-stamped_at").values("stamped_at")[:1])
     ).order_by(F("last_success").desc(nulls_last=True), "name")
+    adhoc = (
+        visible_profiles(request.user)
+        .filter(adhoc=True)
+        .annotate(revision_count=Count("revisions"), last_saved=Max("revisions__created"))
+        .order_by("-last_saved")
+    )
     context = {
         "profiles": profiles,
+        "adhoc": adhoc[:50],
+        "adhoc_count": adhoc.count(),
         "nodes": Node.objects.values_list("name", flat=True),
         "gpu_classes": sorted({s.gpu_class for s in KnownGoodStamp.objects.all()}),
         "node": wanted,
@@ -108,7 +118,7 @@ def _gpu_class_filter(text: str) -> dict[str, Any]:
 @login_required
 def profile_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     profile = get_object_or_404(visible_profiles(request.user), pk=pk)
-    revisions = profile.revisions.select_related("node").prefetch_related("stamps")
+    revisions = profile.revisions.select_related("node").prefetch_related("stamps", "launches")
     context = {
         "profile": profile,
         "revisions": revisions,
@@ -488,3 +498,29 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
                     request, reverse("nodes:profile-detail", args=[revision.profile_id])
                 )
     return render(request, "nodes/profile_form.html", {**context, "form": form})
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def profile_promote(request: HtmxHttpRequest, pk: int, number: int) -> HttpResponseBase:
+    """Save revision ``number`` of an ad-hoc command (a fix applied to it, say) as revision 1
+    of a new named profile, re-validated on its node; then open the new profile."""
+    profile = get_object_or_404(visible_profiles(request.user), pk=pk)
+    revision = get_object_or_404(ProfileRevision, profile=profile, number=number)
+    back = reverse("nodes:profile-detail", args=[profile.pk])
+    if not profile.adhoc:
+        messages.info(request, f"{profile.name} is a named profile already.")
+        return after_post(request, back)
+    try:
+        saved = promote(
+            revision,
+            str(request.POST.get("name", ""))[:200],
+            actor=request.user,
+            request=request,
+            wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
+        )
+    except PromoteRefused as exc:
+        messages.error(request, f"Not saved: {exc}.")
+        return after_post(request, back)
+    messages.success(request, f"Saved {saved} from {revision}.")
+    return after_post(request, reverse("nodes:profile-detail", args=[saved.profile_id]))
