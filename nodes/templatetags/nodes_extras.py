@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 from django import template
+from django.urls import reverse
 
+from nodes.domain import audit_changes as audit_words
 from nodes.domain import figure_labels, remedy
 from nodes.domain.launch_plan import IDLE_GPU_BYTES
 from nodes.domain.ownership import HostShare
@@ -144,3 +146,28 @@ def gpu_use(gpus: Any) -> str:
     return (
         f"{busy} of {len(rows)} in use, {format_bytes(used, 'GiB')} of {format_bytes(total, 'GiB')}"
     )
+
+
+@register.filter
+def audit_changes(entry: Any) -> list[audit_words.Change]:
+    """An audit entry's changed fields, in words (``audit_changes.changes``)."""
+    return audit_words.changes(entry.before, entry.after)
+
+
+#: The page of each kind of object an audit entry names (its ``object_type``).
+OBJECT_PAGES = {
+    "node": "nodes:node-detail",
+    "launchprofile": "nodes:profile-detail",
+    "launch": "nodes:launch-detail",
+    "cleanup": "nodes:cleanup-detail",
+}
+
+
+@register.filter
+def audit_object_url(entry: Any) -> str:
+    """The page of the object an audit entry names, or ``""`` (a user, a deleted object's id
+    still links: its page answers 404)."""
+    name = OBJECT_PAGES.get(str(entry.object_type))
+    if name is None or not str(entry.object_id).isdigit():
+        return ""
+    return reverse(name, args=[int(entry.object_id)])

@@ -1,11 +1,12 @@
 """The history pages read at a laptop's and a small screen's width: the revision diff's cells
-sit under their headers, and neither the diff nor the audit trail (with a long before/after)
-is wider than the window."""
+sit under their headers, the audit trail says what changed in words and links to the object,
+and neither is wider than the window."""
 
 from __future__ import annotations
 
 import pytest
 from django.urls import reverse
+from playwright.sync_api import expect
 
 from nodes.models import LaunchProfile, ProfileRevision
 from nodes.services.audit import record
@@ -48,7 +49,13 @@ def test_the_diff_lines_up_and_history_fits_the_window(live_server, page, width)
     assert _wider_than_the_window(page) <= 0
 
     page.goto(f"{live_server.url}{reverse('nodes:audit-list')}")
-    assert page.get_by_text("profile.revision_saved").count() >= 1
-    page.get_by_text("before / after").first.click()  # the long change, laid out
-    assert page.get_by_text("y" * 40, exact=False).first.is_visible()
+    row = page.locator("table.audit tbody tr", has_text="profile.revision_saved").first
+    # The change in words, changed fields only, and the row links to its object.
+    expect(row.locator(".changes dt")).to_have_text(["args"])
+    expect(row.locator(".changes del")).to_contain_text("x" * 40)
+    expect(row.locator(".changes ins")).to_contain_text("y" * 40)
+    assert "{" not in row.locator(".change").inner_text()  # no raw JSON
+    row.get_by_role("link", name="kimi").click()
+    expect(page.get_by_role("heading", name="kimi")).to_be_visible()
+    page.go_back()
     assert _wider_than_the_window(page) <= 0
