@@ -488,15 +488,29 @@ def http_get(
     headers: dict[str, str] | None = None,
     timeout: float = 10.0,
 ) -> tuple[int, bytes]:
-    """``GET http://127.0.0.1:PORT/PATH`` as seen from the node, so the port need not be open to
-    the panel. Returns (status, body); raises ``RemoteError`` (``refused`` when nothing listens,
-    ``timeout``, ``unreachable``)."""
+    """``GET http://127.0.0.1:PORT/PATH`` as seen from the node (``http_request``)."""
+    return http_request(client, port, "GET", path, headers=headers, timeout=timeout)
+
+
+def http_request(
+    client: paramiko.SSHClient,
+    port: int,
+    method: str,
+    path: str,
+    *,
+    body: bytes | None = None,
+    headers: dict[str, str] | None = None,
+    timeout: float = 10.0,
+) -> tuple[int, bytes]:
+    """``METHOD http://127.0.0.1:PORT/PATH`` as seen from the node, through the SSH connection,
+    so the port need not be open to the panel. Returns (status, body, at most 4 MiB); raises
+    ``RemoteError`` (``refused`` when nothing listens, ``timeout``, ``unreachable``)."""
     transport = client.get_transport()
     if transport is None or not transport.is_active():
         raise RemoteError("unreachable", "the SSH connection is closed")
     connection = _ChannelHTTPConnection(transport, port, timeout)
     try:
-        connection.request("GET", path, headers=headers or {})
+        connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
         return response.status, response.read(4 << 20)
     except paramiko.ChannelException as exc:

@@ -17,7 +17,7 @@ from django.conf import settings
 from nodes import ssh
 from nodes.models import Launch, Node
 from nodes.queue import QueueUnavailable, send
-from nodes.services import holders, model_facts, notifications
+from nodes.services import holders, model_facts, notifications, test_requests
 from nodes.workflows import (
     cleanup,
     diagnosing,
@@ -63,6 +63,13 @@ def read_holders(node_id: int, launch_id: int | None = None) -> dict[str, Any]:
         return holders.reading_json(node, holders.inspect(node, launch=launch), launch)
     except ssh.RemoteError as exc:
         return {"node": node_id, "error": exc.message}
+
+
+@shared_task(name="nodes.test_request", soft_time_limit=90, time_limit=120)
+def test_request(launch_id: int) -> dict[str, Any]:
+    """Send a ready server one short ``/generate`` (``services.test_requests.send``)."""
+    launch = Launch.objects.select_related("node__credential", "revision").get(pk=launch_id)
+    return test_requests.send(launch)
 
 
 @shared_task(name="nodes.diagnose_launch", soft_time_limit=120, time_limit=150)

@@ -59,6 +59,9 @@ urlpatterns = [
     path("launches/<int:pk>/", launches.launch_detail, name="launch-detail"),
     path("launches/<int:pk>/stop/", launches.launch_stop, name="launch-stop"),
     path("launches/<int:pk>/save-as-profile/", launches.launch_promote, name="launch-promote"),
+    path(
+        "launches/<int:pk>/test-request/", launches.launch_test_request, name="launch-test-request"
+    ),
     path("launches/<int:pk>/lines/", launches.launch_lines, name="launch-lines"),
     path("launches/<int:pk>/events/", launches.launch_events, name="launch-events"),
     path("launches/<int:pk>/log/", launches.launch_log, name="launch-log"),

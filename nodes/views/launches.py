@@ -14,6 +14,7 @@ import contextlib
 import json
 import re
 import shlex
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlencode
@@ -48,7 +49,7 @@ from nodes.queue import QueueUnavailable, send
 from nodes.services import bundle_uploads, bundles, fixes, placement, profiles
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
-from nodes.views.http import HtmxHttpRequest, after_post, role_required
+from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
 from nodes.workflows import launching
 
 LINES_SHOWN = 2000
@@ -226,6 +227,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "diagnosis": diagnosis,
         "fix": remedy.describe(diagnosis["changes"]) if diagnosis else "",
         "endpoint": _endpoint(launch) if launch.status == LaunchStatus.READY else None,
+        "effective": _effective(launch.server_info),
         # In the polled part, so a launch that pre-flight blocks offers it without a reload.
         "relaunch": _relaunch_form(launch) if launch.status == LaunchStatus.BLOCKED else None,
         "charts": timeline.charts(
@@ -317,6 +319,33 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
     }
     return render(request, "nodes/launch_detail.html", context)
+
+
+#: The server's own settings the card shows, in this order, from ``/get_server_info``
+#: (SGLang's ServerArgs as resolved, plus ``max_total_num_tokens`` and ``version``).
+EFFECTIVE_SETTINGS = (
+    "version", "model_path", "tp_size", "dp_size", "pp_size", "mem_fraction_static",
+    "max_total_num_tokens", "context_length", "max_running_requests", "chunked_prefill_size",
+    "kv_cache_dtype", "page_size", "cuda_graph_max_bs", "attention_backend",
+    "enable_hierarchical_cache", "hicache_size", "hicache_ratio", "enable_metrics",
+)  # fmt: skip
+
+
+def _effective(info: Any) -> list[tuple[str, str]]:
+    """``(setting, value)`` of the ones the server reported, in ``EFFECTIVE_SETTINGS`` order."""
+    if not isinstance(info, dict):
+        return []
+    shown = []
+    for key in EFFECTIVE_SETTINGS:
+        value = info.get(key)
+        if value is None and isinstance(info.get("internal_states"), list) and key != "version":
+            first = info["internal_states"][0] if info["internal_states"] else {}
+            value = first.get(key) if isinstance(first, dict) else None
+        if value is not None and not isinstance(value, dict | list):
+            shown.append(
+                (key, f"{value:,}" if isinstance(value, int) and value > 9999 else str(value))
+            )
+    return shown
 
 
 def _endpoint(launch: Launch) -> endpoints.Endpoint:
@@ -613,3 +642,41 @@ async def _wait(pubsub: Any) -> Any:
         return pubsub
     except (RedisError, OSError):
         return None
+
+
+#: Polls of a test request the page makes (0.5 s apart) before it says no worker answered.
+TEST_REQUEST_POLLS = 240
+
+
+@require_http_methods(["GET", "POST"])
+@role_required(Role.OPERATOR)
+def launch_test_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """POST: send the ready server a short ``/generate`` (a worker does, through SSH); GET with
+    ``?reading=``: that request's answer and latency once the worker has it (the page polls)."""
+    launch = get_object_or_404(_seen(request).select_related("node"), pk=pk)
+    context: dict[str, Any] = {"launch": launch}
+    if request.method == "POST":
+        if launch.status != LaunchStatus.READY:
+            context["error"] = f"launch #{launch.pk} is {launch.get_status_display().lower()}"
+        else:
+            reading = str(uuid.uuid4())
+            send("nodes.test_request", launch.pk, task_id=reading)
+            context.update(reading=reading, tries=1)
+        return render(request, "nodes/_test_request.html", context)
+    text = request.GET.get("tries", "")
+    tries = int(text) if re.fullmatch(r"[0-9]{1,4}", text) else 0
+    state = task_state(request.GET.get("reading", ""), "test request")
+    if state is None:
+        context["error"] = "no test request was asked"
+    elif state.running:
+        if tries >= TEST_REQUEST_POLLS:
+            context["error"] = "no worker answered (is a Celery worker running?)"
+        else:
+            context.update(reading=state.id, tries=tries + 1)
+    elif state.error:
+        context["error"] = state.error
+    elif isinstance(state.result, dict) and state.result.get("launch") == launch.pk:
+        context["result"] = state.result
+    else:
+        context["error"] = "that answer is not of this launch: send the request again"
+    return render(request, "nodes/_test_request.html", context)

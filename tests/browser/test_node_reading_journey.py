@@ -1,4 +1,5 @@
-"""Journey (issue 19, item 4): the node page shows one reading of the GPUs, fresh.
+"""Journeys (issue 19, items 4 and 9): the node page shows one reading of the GPUs, fresh; a
+running server's card says where it answers and what it runs with, and sends it a request.
 
 Right after a launch became ready, and before any heartbeat read the node again, the GPU table,
 the GPU holders and the node list agree on what each GPU holds."""
@@ -55,5 +56,16 @@ def test_the_gpu_table_and_the_holders_show_the_same_fresh_reading(
         page.get_by_role("link", name="Nodes").first.click()
         row = page.locator("#node-table tr", has_text=node.name)
         expect(row.locator(".gpu-use")).to_contain_text("2 of 2 in use")
+
+        # Item 9: the server's card, and a test request with its answer and latency.
+        page.goto(f"{panel.url}{reverse('nodes:launch-detail', args=[launch.pk])}")
+        card = page.locator(".server-card")
+        expect(card).to_contain_text("Through SSH")
+        expect(card.locator(".effective")).to_contain_text("tp_size")
+        page.get_by_role("button", name="Send a test request").click()
+        answer = page.locator("#test-request .test-answer")
+        expect(answer).to_contain_text("HTTP 200", timeout=30_000)
+        expect(answer.locator(".answer")).to_contain_text("the stand-in does no inference")
+        expect(answer.locator(".latency")).to_contain_text(re.compile(r"\d+(\.\d)? ms for 7 tokens"))
     finally:
         assert ending.stop(launch.pk, actor=olga).clean
