@@ -538,6 +538,7 @@ def bundle_diagnosis(request: HtmxHttpRequest, pk: str) -> HttpResponse:
         "summary": result.get("summary"),
         "excerpts": result.get("excerpts") or [],
         "line_count": result.get("line_count"),
+        "change": result.get("change") or "",
         "name": job.name,
     }
     return render(request, "nodes/bundle_diagnose.html", context)

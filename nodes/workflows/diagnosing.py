@@ -18,6 +18,7 @@ from nodes.models import (
     Launch,
 )
 from nodes.services import bundles, notifications
+from nodes.services.bundle_fix import change_of
 from nodes.services.fixes import budget_suggestion, checked_change
 
 
@@ -67,9 +68,12 @@ def _shown(text: str, facts: dict[str, Any]) -> dict[str, Any]:
         inside = evidence.line is not None and 0 < evidence.line <= len(lines)
         shown = lines[evidence.line - 1] if inside and evidence.line else evidence.text
         excerpts.append([evidence.line, mask_assignments(shown)])
+    change = change_of(found, facts)
     return {
         "diagnosis": found.to_json(),
         "summary": mask_assignments(found.summary),
         "excerpts": excerpts,
         "line_count": len(lines),
+        # As ``manage.py diagnose --json`` gives it: checked on the bundle's node.
+        "change": remedy.describe(change) if change else "",
     }
