@@ -24,6 +24,15 @@ COMMAND = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b -
 GIB = re.compile(r"([\d,]+(?:\.\d+)?) GiB")
 
 
+def _fits_at_both_widths(page, what: str) -> None:
+    """No horizontal overflow at a laptop's width and a small screen's (issue 19)."""
+    for width in (1440, 1024):
+        page.set_viewport_size({"width": width, "height": 900})
+        wide = page.evaluate("document.documentElement.scrollWidth")
+        assert wide <= width, f"{what} is {wide} px wide at {width} px"
+    page.set_viewport_size({"width": 1440, "height": 900})
+
+
 def _gib(text: str) -> float:
     found = GIB.search(text)
     assert found, text
@@ -53,6 +62,8 @@ def test_the_gpu_table_and_the_holders_show_the_same_fresh_reading(
         assert _gib(table.locator(".gpu-memory").inner_text()) == held
         expect(page.locator("#gpu-read-at")).to_contain_text("As read")
 
+        _fits_at_both_widths(page, "the node page")
+
         page.get_by_role("link", name="Nodes").first.click()
         row = page.locator("#node-table tr", has_text=node.name)
         expect(row.locator(".gpu-use")).to_contain_text("2 of 2 in use")
@@ -68,5 +79,6 @@ def test_the_gpu_table_and_the_holders_show_the_same_fresh_reading(
         expect(answer.locator(".answer")).to_contain_text("the stand-in does no inference")
         latency = re.compile(r"\d+(\.\d)? ms for 7 tokens")
         expect(answer.locator(".latency")).to_contain_text(latency)
+        _fits_at_both_widths(page, "the running launch's page")
     finally:
         assert ending.stop(launch.pk, actor=olga).clean
