@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 from django.contrib.auth.decorators import login_required
 from django.http import HttpResponse
@@ -28,9 +29,13 @@ def profiles_export(request: HtmxHttpRequest) -> HttpResponse:
     wanted = [n for n in request.GET.getlist("name") if "\x00" not in n]
     if wanted:
         visible = visible.filter(name__in=wanted)
-    doc = exchange.export(list(visible.values_list("name", flat=True)))
-    stamp = timezone.now().strftime("%Y%m%d-%H%M%S")
-    name = f"rankwise-profiles-{wanted[0] if len(wanted) == 1 else stamp}.json"
+    names = list(visible.values_list("name", flat=True))
+    doc = exchange.export(names)
+    # The file is named after the one profile asked for (a stored name, never the query's
+    # text), else the time.
+    one = names[0] if wanted and len(names) == 1 else ""
+    tag = one if re.fullmatch(r"[A-Za-z0-9._-]{1,63}", one) else ""
+    name = f"rankwise-profiles-{tag or timezone.now().strftime('%Y%m%d-%H%M%S')}.json"
     response = HttpResponse(
         json.dumps(doc, indent=2, ensure_ascii=False), content_type="application/json"
     )

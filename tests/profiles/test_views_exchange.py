@@ -51,3 +51,12 @@ def test_a_file_that_is_not_an_export_is_refused_and_nothing_saved(operator_clie
     page = operator_client.post(reverse("nodes:profiles-import"), {"document": upload})
     assert page.status_code == 200 and said in page.content.decode()
     assert not LaunchProfile.objects.exists()
+
+
+def test_the_file_is_named_after_a_stored_profile_never_the_query(viewer_client):
+    _profile("open")
+    one = viewer_client.get(reverse("nodes:profiles-export"), {"name": "open"})
+    assert one["Content-Disposition"] == 'attachment; filename="rankwise-profiles-open.json"'
+    odd = viewer_client.get(reverse("nodes:profiles-export"), {"name": 'x"\r\nSet-Cookie: a=b'})
+    assert odd.status_code == 200 and "Set-Cookie" not in odd["Content-Disposition"]
+    assert json.loads(odd.content)["profiles"] == []
