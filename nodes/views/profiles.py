@@ -202,8 +202,13 @@ def _with_suggestion(
     if not form.is_valid():
         return form
     node = form.cleaned_data["node"]
-    model = model_facts(node, data.get("model_path", ""), form.cleaned_data["model_config"])
-    report = evaluate(form.args(), node, model, env=form.cleaned_data["env"])
+    # The reading the panel showed (pages never wait on a node), and the node as this
+    # profile's own launch would find it, as the panel checked it.
+    model = model_facts(
+        node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
+    )
+    memory = node_memory_for(node, form.cleaned_data.get("name") or None)
+    report = evaluate(form.args(), node, model, env=form.cleaned_data["env"], memory=memory)
     if not report.suggestion:
         messages.info(request, "The budget suggests no change for these flags now.")
         return form
