@@ -45,7 +45,8 @@ def test_the_fleet_page_shows_a_commitment_appear_run_and_go(
     expect(spare.locator(".commitments")).to_contain_text(f"#{launch.pk} (", timeout=15_000)
     expect(spare.locator(".commitments")).to_contain_text("40 GB host RAM")
     # Committed (to come) until its log shows the pools pinned, then ours; at speed 8 either.
-    expect(spare.locator('[data-host="ram"]')).to_contain_text(re.compile(r"(committed|ours) 40 GB"))
+    host = spare.locator('[data-host="ram"]')
+    expect(host).to_contain_text(re.compile(r"(committed|ours) 40 GB"))
     expect(spare.locator('[data-gpu="1"]')).to_contain_text(f"reserved by #{launch.pk}")
 
     assert wait_for(launch, "ready", "failed", "blocked", timeout=120) == "ready", (
