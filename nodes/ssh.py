@@ -521,6 +521,11 @@ def http_request(
         ) from None
     except (paramiko.SSHException, OSError, EOFError, http.client.HTTPException) as exc:
         raise RemoteError("unreachable", f"{path} on port {port} failed: {exc}") from None
+    except (ValueError, UnicodeError):
+        # http.client refuses a header it cannot write; its words would repeat the value.
+        raise RemoteError(
+            "command_failed", f"{method} {path}: a header could not be written as HTTP"
+        ) from None
     finally:
         connection.close()
 

@@ -27,7 +27,6 @@ from nodes.domain.exchange_document import ProfilesDocument
 from nodes.models import LaunchProfile
 from nodes.models.choices import Role
 from nodes.services import exchange, model_facts, placement, profiles, teams
-from nodes.services.audit import record
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_profiles
 from nodes.workflows import launching
@@ -96,10 +95,11 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
             doc,
             author=request.user.get_username(),
             writable=lambda p: teams.may_write(request.user, p),
+            may_own=lambda t: teams.may_own(request.user, t),
         )
     except exchange.ImportRefused as exc:
         raise HttpError(400, str(exc)) from None
-    record("profile.import", actor=request.user, after=report.to_json(), request=request)
+    exchange.audit_import(report, actor=request.user, request=request)
     return report.to_json()
 
 

@@ -12,6 +12,9 @@ checked by the import itself (``nodes/services/exchange.py``).
 
 from __future__ import annotations
 
+import math
+import re
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -85,20 +88,36 @@ def _profile_name(name: str) -> str:
     return name
 
 
-def _holds_nul(value: Any) -> bool:
-    """Whether a NUL character is in ``value``'s text, its keys or anywhere inside it (a
-    loop, not recursion: JSON can nest deeper than Python's stack)."""
+#: The largest whole number a JSON column stores and the pages print (PostgreSQL's bigint).
+MAX_NUMBER = 2**63 - 1
+SURROGATES = re.compile("[\ud800-\udfff]")
+
+
+def _unstorable(value: Any) -> str | None:
+    """What in ``value`` (its text, keys, numbers, anywhere inside) the database cannot store
+    or the pages cannot print, in words; ``None`` when nothing. A loop, not recursion: JSON can
+    nest deeper than Python's stack."""
     pending = [value]
     while pending:
         item = pending.pop()
         if isinstance(item, str):
             if "\x00" in item:
-                return True
+                return "holds a NUL character, which cannot be stored"
+            if SURROGATES.search(item):
+                return "holds a lone UTF-16 surrogate, which is not text"
+        elif isinstance(item, bool):
+            continue
+        elif isinstance(item, int):
+            if abs(item) > MAX_NUMBER:
+                return f"holds a number beyond ±{MAX_NUMBER:,}"
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return "holds NaN or Infinity, which JSON does not have"
         elif isinstance(item, dict):
             pending += [*item.keys(), *item.values()]
         elif isinstance(item, list):
             pending += item
-    return False
+    return None
 
 
 class _Entry(BaseModel):
@@ -106,11 +125,43 @@ class _Entry(BaseModel):
 
     @field_validator("*")
     @classmethod
-    def _no_nul(cls, value: Any, info: ValidationInfo) -> Any:
-        """PostgreSQL stores no NUL character in text or JSON: refused here, not by a 500."""
-        if _holds_nul(value):
-            raise _refused(f"{info.field_name} holds a NUL character, which cannot be stored")
+    def _storable(cls, value: Any, info: ValidationInfo) -> Any:
+        """What PostgreSQL cannot store (NUL, lone surrogates, numbers past bigint, NaN) is
+        refused here, not by a 500 at insert or later on a page."""
+        if problem := _unstorable(value):
+            raise _refused(f"{info.field_name} {problem}")
         return value
+
+
+def _when(value: Any) -> Any:
+    """``None`` or an ISO 8601 time a database column holds (years 1–9999 in UTC)."""
+    if value is None:
+        return value
+    try:
+        when = datetime.fromisoformat(value) if isinstance(value, str) else None
+        if when is not None and when.tzinfo is not None:
+            when.astimezone(UTC)  # a time no column holds (year 1 at UTC+1) raises here
+    except (ValueError, OverflowError, OSError):
+        when = None
+    if when is None:
+        raise _refused(f"{str(value)[:40]!r} is not an ISO 8601 time a database holds")
+    return value
+
+
+def _report(value: Any) -> Any:
+    """``None`` or the budget's report as saved: ``lines`` text, ``messages`` of ``level``,
+    ``code`` and ``text``, each optional (the revision page shows them)."""
+    if value is None:
+        return value
+    lines, messages = value.get("lines", []), value.get("messages", [])
+    if not isinstance(lines, list) or not all(isinstance(x, str) for x in lines):
+        raise _refused("report's lines must be a list of strings")
+    fields = ("level", "code", "text")
+    if not isinstance(messages, list) or not all(
+        isinstance(m, dict) and all(isinstance(m.get(f, ""), str) for f in fields) for m in messages
+    ):
+        raise _refused("report's messages must be objects of level, code and text")
+    return value
 
 
 class StampEntry(_Entry):
@@ -123,7 +174,7 @@ class StampEntry(_Entry):
     host_ram_bytes: Annotated[int | None, _whole(0, 2**55)] = None
     sglang_version: Annotated[str | None, _text(32)] = None
     launched_by: Annotated[str | None, _text(150)] = None
-    stamped_at: Annotated[str | None, _text(40)] = None
+    stamped_at: Annotated[str | None, _text(40), AfterValidator(_when)] = None
     healthy_seconds: Annotated[int | None, _whole(0, 2**31 - 1)] = None
     observed: Annotated[dict[str, Any] | None, Field(description=OBJECT)] = None
     estimate: Annotated[dict[str, Any] | None, Field(description=OBJECT)] = None
@@ -144,11 +195,13 @@ class RevisionEntry(_Entry):
     message: Annotated[str | None, _text(500)] = None
     author: Annotated[str | None, _text(150)] = None
     node: Annotated[str | None, _text(63)] = None
-    created: Annotated[str | None, _text(40)] = None
+    created: Annotated[str | None, _text(40), AfterValidator(_when)] = None
     verdict: Annotated[
         Literal["ok", "warn", "block"] | None, Field(description="is ok, warn or block")
     ] = None
-    report: Annotated[dict[str, Any] | None, Field(description=OBJECT)] = None
+    report: Annotated[dict[str, Any] | None, Field(description=OBJECT), AfterValidator(_report)] = (
+        None
+    )
     sglang_version: Annotated[
         str | None,
         Field(description="an SGLang version as pip reads it (0.5.9); empty or null: 0.5.9"),

@@ -265,6 +265,15 @@ def secret_values(
     return sorted({v for v in found if v and v != MASK}, key=len, reverse=True)
 
 
+def mask_arg_values(text: str, args: Sequence[str]) -> str:
+    """``text`` (a parser's complaint about ``args``) with every value of ``args`` that it
+    repeats masked, whole words only: a refused command may hold a secret under a flag that
+    is not known to be secret (``--api-keys sk-…``, a second word after ``--api-key``)."""
+    for word in sorted({str(a) for a in args if a and not str(a).startswith("-")}, key=len)[::-1]:
+        text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w.-])", MASK, text)
+    return text
+
+
 # --- text --------------------------------------------------------------------------------------
 
 _NUMBERLIKE = re.compile(r"[\d.,:+\-eExX ]*")

@@ -100,7 +100,7 @@ def with_changes(args: Sequence[str], changes: Mapping[str, Any], table: FlagTab
         spec = next((f for f in table.flags if option in f.options), None)
         if spec is None:
             raise ValueError(f"{option} is not a flag of SGLang {table.version}")
-        out = _without(out, spec)
+        out = _without(out, spec, table)
         if value is True:
             out.append(option)
         elif value is not None and value is not False:
@@ -111,8 +111,19 @@ def with_changes(args: Sequence[str], changes: Mapping[str, Any], table: FlagTab
 SWITCH_ACTIONS = ("_StoreTrueAction", "DeprecatedStoreTrueAction", "DeprecatedAction")
 
 
-def _without(args: list[str], spec: FlagSpec) -> list[str]:
-    """``args`` without the option of ``spec`` in any spelling, and without its value(s)."""
+def _without(args: list[str], spec: FlagSpec, table: FlagTable) -> list[str]:
+    """``args`` without the option of ``spec`` in any spelling (an abbreviation argparse takes
+    for it too: ``--hicache-si``), and without its value(s)."""
+    every = [o for f in table.flags for o in f.options]
+
+    def spells(name: str) -> bool:
+        if name in names:
+            return True
+        if not name.startswith("--") or name in every:
+            return False
+        matches = [o for o in every if o.startswith(name)]
+        return len(matches) == 1 and matches[0] in spec.options
+
     switch = spec.action in SWITCH_ACTIONS or spec.action in (
         "DeprecatedStoreConstAction",
         "BooleanOptionalAction",
@@ -131,7 +142,7 @@ def _without(args: list[str], spec: FlagSpec) -> list[str]:
             else:
                 continue
         name = word.split("=", 1)[0]
-        if name in names:
+        if spells(name):
             skip = not switch and "=" not in word
             continue
         out.append(word)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.http import HttpRequest
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -26,11 +27,13 @@ from nodes.domain.exchange_document import (
     RevisionEntry,
     read_document,
 )
-from nodes.domain.redact import MASK, redact_args, redact_env
+from nodes.domain.redact import MASK, mask_arg_values, redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
+from nodes.services.audit import record
 from nodes.services.profiles import env_problems
+from nodes.types import Actor
 
 
 def export(names: list[str] | None = None, *, secrets: bool = False) -> dict[str, Any]:
@@ -110,11 +113,32 @@ class ImportReport:
 
 
 def import_(
-    doc: Any, *, author: str, writable: Callable[[LaunchProfile], bool] | None = None
+    doc: Any,
+    *,
+    author: str,
+    writable: Callable[[LaunchProfile], bool] | None = None,
+    may_own: Callable[[Team], bool] | None = None,
 ) -> ImportReport:
     """Bring an export in; raises ``ImportRefused`` (and saves nothing) for a document or a
-    revision that cannot be read. A profile already here that ``writable`` refuses (another
-    team's, an ad-hoc one) is reported as a conflict and left alone."""
+    revision that cannot be read, or when another import or save of the same revisions ran at
+    the same moment. A profile already here that ``writable`` refuses (another team's, an
+    ad-hoc one) is reported as a conflict and left alone; a new one owned by a team that
+    ``may_own`` refuses (the importer is not a member) is not imported, and a note says so."""
+    try:
+        return _import(doc, author, writable, may_own)
+    except IntegrityError:
+        raise ImportRefused(
+            "another import or save of these profiles ran at the same moment; nothing was "
+            "imported: try again"
+        ) from None
+
+
+def _import(
+    doc: Any,
+    author: str,
+    writable: Callable[[LaunchProfile], bool] | None,
+    may_own: Callable[[Team], bool] | None,
+) -> ImportReport:
     nodes = {n.name: n for n in Node.objects.all()}
     profiles = _checked(doc, nodes)
     report = ImportReport()
@@ -123,6 +147,13 @@ def import_(
     with transaction.atomic():
         for p in profiles:
             team = teams.get(p.team or "")
+            new = not LaunchProfile.objects.filter(name=p.name).exists()
+            if new and team is not None and may_own is not None and not may_own(team):
+                report.notes.append(
+                    f"{p.name}: owned by team {team.name}, which you are not a member of; not "
+                    "imported (a member of it or an admin can import it)"
+                )
+                continue
             if p.team and team is None:
                 report.notes.append(
                     f"{p.name}: team {p.team!r} is not here; the profile is visible to "
@@ -248,4 +279,33 @@ def _check_flags(label: str, r: RevisionEntry) -> None:
     parsed = parse_command(list(r.args), flags)
     refused = [i for i in parsed.issues if i.code in ("unknown", "invalid")]
     if refused:
-        raise ImportRefused(f"{label}: SGLang {version} refuses it: {refused[0].message}")
+        said = mask_arg_values(refused[0].message, r.args)
+        raise ImportRefused(f"{label}: SGLang {version} refuses it: {said}")
+
+
+def audit_import(report: ImportReport, *, actor: Actor, request: HttpRequest | None = None) -> None:
+    """The audit trail of an import: how many revisions came in (names are not in it: a viewer
+    sees every entry without an object), and one entry per profile that got revisions, on that
+    profile (so its team's visibility applies)."""
+    record(
+        "profile.import",
+        actor=actor,
+        after={
+            "created": len(report.created),
+            "skipped": len(report.skipped),
+            "conflicts": len(report.conflicts),
+        },
+        request=request,
+    )
+    by_profile: dict[str, list[str]] = {}
+    for label in report.created:
+        name, _, number = label.rpartition("@")
+        by_profile.setdefault(name, []).append(f"@{number}")
+    for profile in LaunchProfile.objects.filter(name__in=list(by_profile)):
+        record(
+            "profile.imported",
+            actor=actor,
+            obj=profile,
+            after={"revisions": by_profile[profile.name]},
+            request=request,
+        )

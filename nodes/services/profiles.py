@@ -45,6 +45,10 @@ class ProfileRefused(Exception):
         self.kind, self.reason, self.report = kind, reason, report
 
 
+class ProfileExists(ValueError):
+    """A profile that had to be new exists (made by another save meanwhile)."""
+
+
 class EnvRefused(ValueError):
     """The environment policy refuses a variable on the node; the message names each one."""
 
@@ -152,8 +156,11 @@ def save_revision(
     model: ModelFacts,
     actor: Actor,
     request: HttpRequest | None = None,
+    new_profile: bool = False,
 ) -> ProfileRevision:
-    """Create the profile if new, then its next revision; audit ``profile.revision``.
+    """Create the profile if new, then its next revision; audit ``profile.revision``. With
+    ``new_profile`` the profile must not exist yet: ``ProfileExists`` (saving nothing) when
+    another save made it meanwhile.
 
     Refuses (ValueError) a ``block`` verdict: such a profile cannot be saved. Raises
     ``ProfileHidden`` (saving nothing) when the profile exists and ``actor`` may not write to
@@ -168,6 +175,8 @@ def save_revision(
         profile, made = LaunchProfile.objects.get_or_create(
             name=profile_name, defaults={"created_by": author}
         )
+        if not made and new_profile:
+            raise ProfileExists(f"a profile named {profile_name!r} already exists")
         if not made and not teams.may_write(actor, profile):
             raise ProfileHidden(f"no profile named {profile_name!r}")
         profile = LaunchProfile.objects.select_for_update().get(pk=profile.pk)
@@ -308,9 +317,11 @@ def promote(
         raise PromoteRefused("this revision names no node to check it on")
     args, env = list(revision.args), dict(revision.env or {})
     model = model_of(node, args, wait=wait)
-    report = evaluate(args, node, model, env=env)
+    # As the ad-hoc command's own launch would find the node: its running server is its own.
+    memory = node_memory_for(node, revision.profile.name)
+    report = evaluate(args, node, model, env=env, memory=memory)
     if report.verdict == "block":
-        blocks = "; ".join(m.text for m in report.messages if m.level == "block")
+        blocks = "; ".join(m.text.rstrip(".") for m in report.messages if m.level == "block")
         raise PromoteRefused(f"blocked on {node.name}: {blocks}")
     try:
         return save_revision(
@@ -323,6 +334,11 @@ def promote(
             model=model,
             actor=actor,
             request=request,
+            new_profile=True,
         )
+    except (ProfileExists, ProfileHidden):
+        raise PromoteRefused(
+            f"a profile named {name!r} was made meanwhile: choose another name"
+        ) from None
     except ValueError as exc:
-        raise PromoteRefused(str(exc)) from None
+        raise PromoteRefused(str(exc).rstrip(".")) from None

@@ -62,6 +62,14 @@ def may_write(user: Actor, profile: LaunchProfile) -> bool:
     return visible_profiles(user).filter(pk=profile.pk).exists()
 
 
+def may_own(user: Actor, team: Team) -> bool:
+    """Whether ``user`` may give a profile to ``team`` (its ownership form, an import): an
+    admin, or a member of the team."""
+    if has_role(user, Role.ADMIN):
+        return True
+    return user.pk is not None and team.members.filter(pk=user.pk).exists()
+
+
 def visible_launches(user: Actor) -> QuerySet[Launch]:
     """Launches ``user`` may see: those of the profiles ``visible_profiles`` gives."""
     condition = _visible(user, "revision__profile__")

@@ -7,6 +7,7 @@ started with ``--api-key`` wants it as a bearer token."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any
 
@@ -22,21 +23,30 @@ MAX_NEW_TOKENS = 16
 TIMEOUT_S = 60.0
 #: The answer is cut to this many characters for the page.
 SHOWN_CHARS = 2000
+#: What the task's answer says it is, so a page shown another task's id says so.
+KIND = "test_request"
+#: What an HTTP header value may hold (visible ASCII and spaces: RFC 9110 field-value).
+HEADER_VALUE = re.compile(r"[\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?")
 
 
 def send(launch: Launch) -> dict[str, Any]:
-    """``{"launch", "status", "latency_ms", "answer", "tokens", "error"}``: the HTTP status of
+    """``{"kind", "launch", "prompt", "status", "latency_ms", "answer", "tokens", "error"}``:
+    the HTTP status of
     ``POST /generate`` and the time to its whole answer (ms, from the node: the SSH hop to the
     panel is not in it), the generated text, the completion tokens SGLang counted; ``error``
     (and no status) where the server did not answer."""
     flags = parse_command(args_of(launch), table(launch.node.sglang_version or DEFAULT_VERSION))
     headers = {"Content-Type": "application/json"}
+    doc: dict[str, Any] = {"kind": KIND, "launch": launch.pk, "prompt": PROMPT}
     if key := flags.get("api_key"):
+        if not HEADER_VALUE.fullmatch(str(key)):
+            # http.client would refuse it, and its error would carry the key into the log.
+            return {**doc, "error": "the server's --api-key holds characters an HTTP header "
+                    "cannot carry, so no request can be authorised with it"}  # fmt: skip
         headers["Authorization"] = f"Bearer {key}"
     body = json.dumps(
         {"text": PROMPT, "sampling_params": {"max_new_tokens": MAX_NEW_TOKENS, "temperature": 0}}
     ).encode()
-    doc: dict[str, Any] = {"launch": launch.pk, "prompt": PROMPT}
     try:
         with ssh.pool.session(target_for(launch.node)) as conn:
             began = time.monotonic()
@@ -55,8 +65,9 @@ def send(launch: Launch) -> dict[str, Any]:
         parsed = None
     if isinstance(parsed, dict) and isinstance(parsed.get("text"), str):
         doc["answer"] = parsed["text"][:SHOWN_CHARS]
-        tokens = (parsed.get("meta_info") or {}).get("completion_tokens")
-        doc["tokens"] = tokens if isinstance(tokens, int) else None
+        meta = parsed.get("meta_info")
+        tokens = meta.get("completion_tokens") if isinstance(meta, dict) else None
+        doc["tokens"] = tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None
     else:
         doc["answer"] = text[:SHOWN_CHARS]
     return doc

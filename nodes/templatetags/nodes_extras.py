@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django import template
@@ -168,6 +169,6 @@ def audit_object_url(entry: Any) -> str:
     """The page of the object an audit entry names, or ``""`` (a user, a deleted object's id
     still links: its page answers 404)."""
     name = OBJECT_PAGES.get(str(entry.object_type))
-    if name is None or not str(entry.object_id).isdigit():
+    if name is None or not re.fullmatch(r"[0-9]{1,18}", str(entry.object_id)):
         return ""
     return reverse(name, args=[int(entry.object_id)])

@@ -15,7 +15,6 @@ from django.views.decorators.http import require_GET, require_http_methods
 from nodes.forms.exchange import ImportForm
 from nodes.models.choices import Role
 from nodes.services import exchange, teams
-from nodes.services.audit import record
 from nodes.services.teams import visible_profiles
 from nodes.views.http import HtmxHttpRequest, role_required
 
@@ -56,10 +55,11 @@ def profiles_import(request: HtmxHttpRequest) -> HttpResponse:
                 form.cleaned_data["document"],
                 author=request.user.get_username(),
                 writable=lambda p: teams.may_write(request.user, p),
+                may_own=lambda t: teams.may_own(request.user, t),
             )
         except exchange.ImportRefused as exc:
             form.add_error("document", f"Nothing was imported: {exc}")
         else:
-            record("profile.import", actor=request.user, after=report.to_json(), request=request)
+            exchange.audit_import(report, actor=request.user, request=request)
             context["report"] = report
     return render(request, "nodes/profile_import.html", context)

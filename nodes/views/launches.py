@@ -46,7 +46,7 @@ from nodes.live import channel
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, send
-from nodes.services import bundle_uploads, bundles, fixes, placement, profiles
+from nodes.services import bundle_uploads, bundles, fixes, placement, profiles, test_requests
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
@@ -676,7 +676,11 @@ def launch_test_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
             context.update(reading=state.id, tries=tries + 1)
     elif state.error:
         context["error"] = state.error
-    elif isinstance(state.result, dict) and state.result.get("launch") == launch.pk:
+    elif (
+        isinstance(state.result, dict)
+        and state.result.get("kind") == test_requests.KIND
+        and state.result.get("launch") == launch.pk
+    ):
         context["result"] = state.result
     else:
         context["error"] = "that answer is not of this launch: send the request again"

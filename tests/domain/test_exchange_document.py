@@ -134,3 +134,29 @@ def test_readme_names_every_field_of_the_format():
     for model in (ProfilesDocument, ProfileEntry, RevisionEntry, StampEntry):
         missing = set(model.model_fields) - named
         assert not missing, f"README's rankwise-profiles/1 block lacks {model.__name__} {missing}"
+
+
+@pytest.mark.parametrize(
+    ("revision", "message"),
+    [
+        ({"args": ["--model-path", "/m\udfff"]}, "kimi@1: args holds a lone UTF-16 surrogate"),
+        (
+            {"stamps": [{**STAMP, "observed": {"gpu_used_bytes": {"0": 10**100}}}]},
+            "a stamp's observed holds a number beyond",
+        ),
+        ({"report": {"lines": 5}}, "kimi@1: report's lines must be a list of strings"),
+        ({"report": {"messages": [{"text": 5}]}}, "report's messages must be objects"),
+        ({"report": {"x": float("nan")}}, "kimi@1: report holds NaN or Infinity"),
+        ({"created": "0001-01-01T00:00:00+01:00"}, "is not an ISO 8601 time a database holds"),
+        (
+            {"stamps": [{**STAMP, "stamped_at": "9999-12-31T23:59:59-01:00"}]},
+            "is not an ISO 8601 time a database holds",
+        ),
+        ({"created": "yesterday"}, "'yesterday' is not an ISO 8601 time"),
+    ],
+)
+def test_what_a_database_cannot_store_or_a_page_cannot_print_is_refused(revision, message):
+    """Found by trying: each of these was imported, then made the profile's page (and every
+    export holding it) answer 500, or failed at insert."""
+    with pytest.raises(DocumentRefused, match=re.escape(message)):
+        read_document(doc_with(**revision))

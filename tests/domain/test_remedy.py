@@ -24,6 +24,17 @@ def test_an_alias_counts_as_the_same_flag():
     assert out == ["--model-path", "/m", "--tp-size", "4"]
 
 
+def test_an_abbreviation_argparse_takes_for_the_flag_is_replaced_too():
+    """``--hicache-si 300`` is ``--hicache-size 300`` to SGLang's parser: left in, it would be
+    read after the change and undo it."""
+    args = ["--model-path", "/m", "--hicache-si", "300", "--hicache-r", "2"]
+    out = with_changes(args, {"--hicache-size": 37}, T)
+    assert out == ["--model-path", "/m", "--hicache-r", "2", "--hicache-size", "37"]
+    assert parse_command(out, T).values["hicache_size"] == 37
+    # An ambiguous prefix is no spelling of it: argparse refuses it, and so it stays.
+    assert "--hicache" in with_changes(["--hicache", "1"], {"--hicache-size": 37}, T)
+
+
 def test_switches_are_added_and_flags_dropped():
     args = ["--model-path", "/m", "--cuda-graph-max-bs", "256"]
     out = with_changes(args, {"--trust-remote-code": True, "--cuda-graph-max-bs": None}, T)

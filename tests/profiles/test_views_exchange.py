@@ -8,7 +8,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from nodes.models import LaunchProfile, ProfileRevision, Team
+from nodes.models import AuditEntry, LaunchProfile, ProfileRevision, Team
 from tests.factories import make_node
 
 pytestmark = pytest.mark.django_db
@@ -60,3 +60,47 @@ def test_the_file_is_named_after_a_stored_profile_never_the_query(viewer_client)
     odd = viewer_client.get(reverse("nodes:profiles-export"), {"name": 'x"\r\nSet-Cookie: a=b'})
     assert odd.status_code == 200 and "Set-Cookie" not in odd["Content-Disposition"]
     assert json.loads(odd.content)["profiles"] == []
+
+
+def _upload(operator_client, doc: dict):
+    upload = SimpleUploadedFile("x.json", json.dumps(doc).encode(), content_type="application/json")
+    return operator_client.post(reverse("nodes:profiles-import"), {"document": upload})
+
+
+def _doc(name: str, args: list[str], **profile) -> dict:
+    revision = {"number": 1, "args": args, "sglang_version": "0.5.9"}
+    return {
+        "format": "rankwise-profiles/1",
+        "profiles": [{"name": name, "revisions": [revision], **profile}],
+    }
+
+
+def test_a_refusal_does_not_repeat_a_secret_the_parser_complains_about(operator_client):
+    page = _upload(
+        operator_client, _doc("k", ["--model-path", "/m", "--api-keys", "sk-live-abc123"])
+    )
+    said = page.content.decode()
+    assert "Nothing was imported" in said and "unrecognized arguments" in said
+    assert "sk-live-abc123" not in said and "****" in said
+
+
+def test_a_team_only_profile_of_a_team_the_importer_is_not_in_is_not_imported(operator_client):
+    Team.objects.create(name="research")
+    page = _upload(
+        operator_client, _doc("hush", ["--model-path", "/m"], team="research", visibility="team")
+    )
+    assert (
+        "owned by team research, which you are not a member of; not imported"
+        in page.content.decode()
+    )
+    assert not LaunchProfile.objects.filter(name="hush").exists()
+
+
+def test_the_audit_of_an_import_names_no_profile_and_each_profile_gets_its_own_entry(
+    operator_client,
+):
+    _upload(operator_client, _doc("open", ["--model-path", "/m"]))
+    summary = AuditEntry.objects.get(action="profile.import")
+    assert summary.after == {"created": 1, "skipped": 0, "conflicts": 0}
+    entry = AuditEntry.objects.get(action="profile.imported")
+    assert entry.object_repr == "open" and entry.after == {"revisions": ["@1"]}
