@@ -92,6 +92,8 @@ def node_live(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     context = {
         "node": node,
         "task_id": state.id if state is not None and state.running else None,
+        # A discovery that ended keeps saying how it ended as the section refreshes.
+        "ended_task": state.id if state is not None and not state.running else None,
         "finished": state is not None and not state.running and not error,
         "discovery_error": error,
         "owners": {g.owners.index: g for g in fleet.node_view(node, request.user).gpus},
