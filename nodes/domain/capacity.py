@@ -1,0 +1,256 @@
+"""A running server's capacity from its metrics: what bounds it now (the bottleneck), the
+figures it rests on, and what a change of its settings would lift it to.
+
+What SGLang does, from its source:
+
+- A waiting request is admitted only while the **device** KV pool can hold it: the scheduler's
+  ``PrefillAdder`` budgets the token pool allocator's free and evictable tokens, less what every
+  running request is still expected to need (its ``max_new_tokens`` × ``new_token_ratio``), and
+  stops adding with ``NO_TOKEN`` when a request's input does not fit
+  (``srt/managers/schedule_policy.py``: ``PrefillAdder``, ``memory_budget``,
+  ``_get_running_request_total_token_offset``). A full device pool therefore keeps requests
+  queued whatever the host holds; under pressure running requests are retracted
+  (``ScheduleBatch.retract_decode``, logged as ``Decode out of memory happened … #retracted_reqs``).
+- HiCache (``--enable-hierarchical-cache``) is ``HiRadixCache``: prefix KV evicted from the device
+  pool is kept in host memory and loaded back on a hit (``srt/mem_cache/hiradix_cache.py``;
+  the adder counts those tokens as ``log_host_hit_tokens``). It raises the prefix *hit rate*,
+  i.e. saves prefill work on shared prefixes; the KV of a running request lives in the device
+  pool, so HiCache does not raise how many requests run at once.
+- The gauges are ``sglang:token_usage`` (fraction of the device pool in use),
+  ``num_running_reqs``, ``num_queue_reqs``, ``gen_throughput`` (tokens/s), ``cache_hit_rate``,
+  ``num_retracted_reqs`` (shared/reference/sglang.md §5).
+
+A bottleneck is named only once its pattern has held for ``HOLD_S`` seconds of samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: How long a pattern must hold before it is named (s).
+HOLD_S = 30.0
+#: The device pool counts as full from this share of its tokens in use (SGLang admits against
+#: what running requests may still need, so a pool reads full before it is at 1.0).
+KV_FULL = 0.85
+#: "Well below max_running_requests": running at most this share of the limit.
+BELOW_LIMIT = 0.8
+#: Compute-bound: the pool this empty while this share of the running limit runs.
+KV_LOW, BUSY = 0.5, 0.8
+#: Prefill-bound: time to first token this long (s) with at most this many waiting.
+TTFT_LONG_S, SHORT_QUEUE = 2.0, 2
+#: With HiCache on, a prefix hit rate below this is low: the host pool does not pay.
+LOW_HIT_RATE = 0.1
+
+BOTTLENECKS = ("kv-bound", "compute-bound", "prefill-bound", "preemption", "host-pool", "none")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The server's gauges at ``t`` seconds (``None``: the server did not say)."""
+
+    t: float
+    token_usage: float | None = None
+    running: float | None = None
+    queued: float | None = None
+    gen_throughput: float | None = None
+    cache_hit_rate: float | None = None
+    ttft_s: float | None = None
+    retracted: float | None = None  # cumulative requests retracted (counter or log lines)
+    # Prompt + generated tokens per request finished over the interval (the counters
+    # prompt_tokens_total, generation_tokens_total, num_requests_total): a whole request.
+    request_tokens: float | None = None
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> Sample:
+        """From a stored sample (``{"t", "token_usage", "num_running_reqs", …}``); a figure
+        that is not a finite number reads as ``None``."""
+
+        def number(key: str) -> float | None:
+            value = doc.get(key)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                return None
+            return float(value) if math.isfinite(value) else None
+
+        return cls(
+            t=number("t") or 0.0,
+            token_usage=number("token_usage"),
+            running=number("num_running_reqs"),
+            queued=number("num_queue_reqs"),
+            gen_throughput=number("gen_throughput"),
+            cache_hit_rate=number("cache_hit_rate"),
+            ttft_s=number("ttft_s"),
+            retracted=number("num_retracted_reqs"),
+            request_tokens=number("request_tokens"),
+        )
+
+
+@dataclass(frozen=True)
+class Server:
+    """What the server runs with: ``pool_tokens`` (``max_total_num_tokens``, the device pool),
+    ``max_running_requests`` (``None``: SGLang's own limit, not known here), HiCache on."""
+
+    pool_tokens: int | None
+    max_running_requests: int | None = None
+    hicache: bool = False
+
+
+@dataclass
+class Capacity:
+    """The bottleneck (one of ``BOTTLENECKS``, or ``unknown`` without enough metrics), how long
+    its pattern has held (s), the figures it rests on, and why in words."""
+
+    bottleneck: str
+    held_s: float = 0.0
+    figures: dict[str, float] = field(default_factory=dict)
+    why: str = ""
+
+
+def bottleneck(samples: Sequence[Sample], server: Server) -> Capacity:
+    """What bounds the server over its latest samples: the pattern that has held for at
+    least ``HOLD_S`` (the first that does, in ``BOTTLENECKS`` order); ``none`` when nothing
+    waits; ``unknown`` with fewer samples or figures than that takes."""
+    known = sorted(
+        (s for s in samples if s.running is not None and s.queued is not None),
+        key=lambda s: s.t,
+    )
+    if len(known) < 2 or known[-1].t - known[0].t < HOLD_S:
+        return Capacity("unknown", why=f"fewer than {HOLD_S:g} s of load figures yet")
+    windows: tuple[tuple[str, Callable[[Sequence[Sample]], list[Sample]]], ...] = (
+        ("kv-bound", lambda run: _trailing(run, lambda s: _kv_bound(s, server))),
+        ("preemption", _retracting),
+        ("compute-bound", lambda run: _trailing(run, lambda s: _compute_bound(s, server))),
+        ("prefill-bound", lambda run: _trailing(run, _prefill_bound)),
+        ("host-pool", lambda run: _trailing(run, lambda s: _low_hits(s, server))),
+    )
+    for name, window_of in windows:
+        window = window_of(known)
+        if window and window[-1].t - window[0].t >= HOLD_S:
+            return Capacity(name, window[-1].t - window[0].t, _figures(window, server))
+    quiet = _trailing(known, lambda s: (s.queued or 0) == 0)
+    figures = _figures(known[-max(2, len(quiet)) :], server)
+    return Capacity("none", quiet[-1].t - quiet[0].t if quiet else 0.0, figures)
+
+
+def _kv_bound(s: Sample, server: Server) -> bool:
+    """Requests wait while the device pool is full and fewer run than the server's limit."""
+    if s.queued is None or s.token_usage is None or s.running is None:
+        return False
+    limit = server.max_running_requests
+    below = limit is None or s.running <= BELOW_LIMIT * limit
+    return s.queued > 0 and s.token_usage >= KV_FULL and below
+
+
+def _compute_bound(s: Sample, server: Server) -> bool:
+    """The pool has room and the batch is near the running limit: the GPUs are the limit."""
+    limit = server.max_running_requests
+    if s.token_usage is None or s.running is None or limit is None:
+        return False
+    return s.token_usage < KV_LOW and s.running >= BUSY * limit
+
+
+def _prefill_bound(s: Sample) -> bool:
+    return (
+        s.ttft_s is not None
+        and s.ttft_s >= TTFT_LONG_S
+        and s.queued is not None
+        and s.queued <= SHORT_QUEUE
+    )
+
+
+def _low_hits(s: Sample, server: Server) -> bool:
+    return server.hicache and s.cache_hit_rate is not None and s.cache_hit_rate < LOW_HIT_RATE
+
+
+def _trailing(samples: Sequence[Sample], holds: Callable[[Sample], bool]) -> list[Sample]:
+    """The latest run of samples for which ``holds`` is true, oldest first."""
+    run: list[Sample] = []
+    for sample in reversed(samples):
+        if not holds(sample):
+            break
+        run.append(sample)
+    return run[::-1]
+
+
+def _retracting(samples: Sequence[Sample]) -> list[Sample]:
+    """The latest run over which the retraction counter kept rising (each step within
+    ``HOLD_S``)."""
+    counted = [s for s in samples if s.retracted is not None]
+    run: list[Sample] = []
+    for later, earlier in zip(counted[::-1], counted[::-1][1:], strict=False):
+        if (later.retracted or 0) <= (earlier.retracted or 0) or later.t - earlier.t > HOLD_S:
+            break
+        run = [earlier, later] if not run else [earlier, *run]
+    return run
+
+
+def _figures(window: Sequence[Sample], server: Server) -> dict[str, float]:
+    """Means over ``window``: running, queued, token usage, throughput; with the pool's size,
+    the tokens an average running request holds and how many such requests the pool fits."""
+
+    def mean(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return sum(known) / len(known) if known else None
+
+    figures: dict[str, float] = {}
+    for key, values in (
+        ("running", [s.running for s in window]),
+        ("queued", [s.queued for s in window]),
+        ("token_usage", [s.token_usage for s in window]),
+        ("gen_throughput", [s.gen_throughput for s in window]),
+        ("cache_hit_rate", [s.cache_hit_rate for s in window]),
+    ):
+        if (value := mean(values)) is not None:
+            figures[key] = round(value, 3)
+    pool = server.pool_tokens
+    if pool:
+        figures["pool_tokens"] = pool
+        per = [
+            s.token_usage * pool / s.running
+            for s in window
+            if s.token_usage is not None and s.running
+        ]
+        if per:
+            average = sum(per) / len(per)
+            figures["avg_tokens_per_request"] = round(average)
+            figures["requests_that_fit"] = math.floor(pool / average) if average else 0
+        whole = mean([s.request_tokens for s in window])
+        if whole:
+            # What a request holds once it has generated all it will: how many fit at once.
+            figures["tokens_per_whole_request"] = round(whole)
+            figures["whole_requests_that_fit"] = math.floor(pool / whole)
+    if server.max_running_requests:
+        figures["max_running_requests"] = server.max_running_requests
+    return figures
+
+
+@dataclass(frozen=True)
+class Option:
+    """A change of the server's flags (as ``diagnose --json``'s ``change``), the budget's
+    verdict on the revision with it, the requests expected to run at once and the throughput
+    change (a ratio: 1.4 is +40 %), and why, in words."""
+
+    change: dict[str, Any]
+    verdict: str
+    expected_running_requests: int
+    expected_throughput_change: float
+    why: str
+
+
+def expected_running(
+    capacity: Capacity, pool_after: float, server: Server
+) -> tuple[int, float] | None:
+    """Requests that would run at once with a device pool of ``pool_after`` tokens, at the
+    measured tokens per request, no more than wait now (running + queued) nor the server's
+    limit; and the throughput change that follows (decode throughput of a KV-bound server
+    grows with its batch: ratio of running requests). ``None`` without the figures."""
+    figures = capacity.figures
+    average, running = figures.get("avg_tokens_per_request"), figures.get("running")
+    if not average or not running:
+        return None
+    demand = running + figures.get("queued", 0.0)
+    limit = server.max_running_requests or math.inf
+    after = min(math.floor(pool_after / average), demand, limit)
+    return int(after), round(after / running, 2)

@@ -1,0 +1,101 @@
+"""What bounds a running server, from its gauges: the seed incident's first chapter and the
+other patterns, each named only once it has held for 30 s."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.domain.capacity import (
+    HOLD_S,
+    Capacity,
+    Sample,
+    Server,
+    bottleneck,
+    expected_running,
+)
+
+#: The incident's server: Kimi-K2.5 at TP 8, --mem-fraction-static 0.85, a device pool of
+#: 116,171 tokens; 150 clients of ~4,000-token requests; 46–56 ran, 94–101 waited, usage
+#: 0.85–0.96 (the operator's metrics).
+INCIDENT = Server(pool_tokens=116_171, max_running_requests=None)
+
+
+def _series(seconds: float, every: float = 5.0, **gauges: float) -> list[Sample]:
+    return [Sample(t=i * every, **gauges) for i in range(int(seconds / every) + 1)]
+
+
+def test_the_incidents_server_is_bound_by_its_device_kv_pool_with_the_numbers():
+    samples = [
+        Sample(t=i * 5.0, token_usage=0.85 + 0.01 * (i % 12), running=46 + i % 11,
+               queued=101 - i % 8, gen_throughput=500.0, request_tokens=4_150.0)
+        for i in range(13)
+    ]  # fmt: skip
+    found = bottleneck(samples, INCIDENT)
+    assert found.bottleneck == "kv-bound" and found.held_s >= HOLD_S
+    figures = found.figures
+    assert figures["pool_tokens"] == 116_171
+    assert 46 <= figures["running"] <= 56 and 94 <= figures["queued"] <= 101
+    # Each running request holds about 2,100 tokens of the pool now; ~4,000 once generated.
+    assert 1_800 <= figures["avg_tokens_per_request"] <= 2_400
+    assert figures["requests_that_fit"] == 116_171 // figures["avg_tokens_per_request"]
+    # Whole requests of ~4,150 tokens (input + output): about 28 fit the pool at once.
+    assert figures["whole_requests_that_fit"] == 27
+
+
+def test_a_pattern_is_named_only_once_it_has_held_for_30_s():
+    short = _series(HOLD_S - 10, token_usage=0.95, running=40, queued=90)
+    assert bottleneck(short, INCIDENT).bottleneck == "unknown"
+    # Full for the last 20 s only, after a quiet stretch: not yet KV-bound, and nothing waits
+    # in the quiet part either, so it is "none" over what held.
+    quiet = _series(60, token_usage=0.3, running=10, queued=0)
+    full = [Sample(t=65 + i * 5, token_usage=0.95, running=40, queued=90) for i in range(4)]
+    assert bottleneck(quiet + full, INCIDENT).bottleneck == "none"
+    assert bottleneck(quiet + full + [
+        Sample(t=85 + i * 5, token_usage=0.95, running=40, queued=90) for i in range(3)
+    ], INCIDENT).bottleneck == "kv-bound"  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("server", "gauges", "expected"),
+    [
+        # The pool has room and the batch is at the running limit: the GPUs bound it.
+        (Server(200_000, 64), {"token_usage": 0.3, "running": 60, "queued": 20}, "compute-bound"),
+        # Full pool but the running limit reached: not the pool's doing.
+        (Server(200_000, 64), {"token_usage": 0.95, "running": 64, "queued": 20}, "none"),
+        # Long time to the first token with hardly a queue: prefill.
+        (Server(200_000), {"token_usage": 0.4, "running": 8, "queued": 1, "ttft_s": 6.0},
+         "prefill-bound"),
+        # HiCache on, prefixes not shared: the host pool does not pay.
+        (Server(200_000, hicache=True), {"token_usage": 0.4, "running": 8, "queued": 0,
+                                         "cache_hit_rate": 0.02}, "host-pool"),
+        (Server(200_000), {"token_usage": 0.2, "running": 3, "queued": 0}, "none"),
+    ],
+)  # fmt: skip
+def test_each_pattern_is_named(server, gauges, expected):
+    assert bottleneck(_series(45, **gauges), server).bottleneck == expected
+
+
+def test_retractions_that_keep_coming_are_preemption():
+    samples = [
+        Sample(t=i * 5.0, token_usage=0.7, running=30, queued=0, retracted=float(3 * i))
+        for i in range(10)
+    ]
+    found = bottleneck(samples, Server(150_000))
+    assert found.bottleneck == "preemption" and found.held_s >= HOLD_S
+
+
+def test_without_gauges_it_is_unknown_not_a_guess():
+    assert bottleneck([Sample(t=0), Sample(t=60)], INCIDENT).bottleneck == "unknown"
+    assert Sample.of({"t": 3, "token_usage": float("nan"), "num_running_reqs": True}) == Sample(
+        t=3.0
+    )
+
+
+def test_a_larger_pool_runs_what_it_fits_no_more_than_waits_nor_the_limit():
+    capacity = Capacity(
+        "kv-bound", 60, {"running": 50, "queued": 100, "avg_tokens_per_request": 2_000}
+    )
+    assert expected_running(capacity, 150_000, Server(116_171)) == (75, 1.5)
+    assert expected_running(capacity, 10**7, Server(116_171)) == (150, 3.0)  # all that waits
+    assert expected_running(capacity, 10**7, Server(116_171, 64)) == (64, 1.28)
+    assert expected_running(Capacity("unknown"), 150_000, Server(116_171)) is None
