@@ -268,8 +268,10 @@ def secret_values(
 def mask_arg_values(text: str, args: Sequence[str]) -> str:
     """``text`` (a parser's complaint about ``args``) with every value of ``args`` that it
     repeats masked, whole words only: a refused command may hold a secret under a flag that
-    is not known to be secret (``--api-keys sk-…``, a second word after ``--api-key``)."""
-    for word in sorted({str(a) for a in args if a and not str(a).startswith("-")}, key=len)[::-1]:
+    is not known to be secret (``--api-keys sk-…``, a second word after ``--api-key``).
+    Numbers stay: the complaint is often about one (``--port 70000``), and none is a secret."""
+    words = {str(a) for a in args if a and not str(a).startswith("-")}
+    for word in sorted((w for w in words if not _NUMBERLIKE.fullmatch(w)), key=len, reverse=True):
         text = re.sub(rf"(?<![\w.-]){re.escape(word)}(?![\w.-])", MASK, text)
     return text
 
