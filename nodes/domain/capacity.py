@@ -254,3 +254,79 @@ def expected_running(
     limit = server.max_running_requests or math.inf
     after = min(math.floor(pool_after / average), demand, limit)
     return int(after), round(after / running, 2)
+
+
+#: What a check of a changed revision gives back: its verdict, the device pool per rank it
+#: estimates (tokens), and its warnings (``budget.check``'s report reduced to what is used).
+@dataclass(frozen=True)
+class Checked:
+    verdict: str
+    pool_tokens: int | None
+    warnings: tuple[str, ...] = ()
+
+
+#: The highest --mem-fraction-static offered (SGLang keeps the rest for activations and graphs).
+MAX_MFS = 0.95
+#: The fp8 KV cache dtype offered (SGLang's --kv-cache-dtype choice).
+FP8_KV = "fp8_e5m2"
+
+
+def options(
+    capacity: Capacity,
+    server: Server,
+    *,
+    mfs: float | None,
+    kv_dtype: str,
+    recheck: Callable[[dict[str, Any]], Checked],
+) -> list[Option]:
+    """What would lift a KV-bound server, each checked by ``recheck`` (the budget of the
+    revision with the change, on the launch's node) before it is offered, and none that the
+    check blocks: the highest ``--mem-fraction-static`` it passes (ok before warn), and an fp8
+    KV cache. The device pool after a change is the measured pool scaled by the budget's own
+    estimates (after ÷ now), so an estimate's error cancels. ``[]`` for other bottlenecks: a
+    larger pool does not lift them."""
+    if capacity.bottleneck != "kv-bound" or not server.pool_tokens:
+        return []
+    now = recheck({})
+    if not now.pool_tokens:
+        return []
+    found = []
+    if mfs is not None:
+        steps = range(round(mfs * 100) + 1, round(MAX_MFS * 100) + 1)
+        tried = [(step / 100, recheck({"--mem-fraction-static": step / 100})) for step in steps]
+        passing = [(x, c) for x, c in tried if c.verdict != "block" and c.pool_tokens]
+        clean = [(x, c) for x, c in passing if c.verdict == "ok"]
+        if chosen := (clean or passing)[-1:]:
+            x, checked = chosen[0]
+            found += _option(capacity, server, {"--mem-fraction-static": x}, checked, now,
+                             f"raise --mem-fraction-static from {mfs:g} to {x:g}")  # fmt: skip
+    if kv_dtype in ("auto", "bfloat16", "float16", "bf16", "fp16", ""):
+        checked = recheck({"--kv-cache-dtype": FP8_KV})
+        found += _option(capacity, server, {"--kv-cache-dtype": FP8_KV}, checked, now,
+                         "an fp8 KV cache holds twice the tokens in the same memory; fp8 KV can "
+                         "cost some accuracy (check the model's evals)")  # fmt: skip
+    return found
+
+
+def _option(
+    capacity: Capacity,
+    server: Server,
+    change: dict[str, Any],
+    checked: Checked,
+    now: Checked,
+    what: str,
+) -> list[Option]:
+    if checked.verdict == "block" or not checked.pool_tokens or not now.pool_tokens:
+        return []
+    pool_after = (server.pool_tokens or 0) * checked.pool_tokens / now.pool_tokens
+    expected = expected_running(capacity, pool_after, server)
+    if expected is None or expected[0] <= (capacity.figures.get("running") or 0):
+        return []
+    running, ratio = expected
+    risk = f"; {checked.warnings[0]}" if checked.warnings else ""
+    why = (
+        f"{what}: about {pool_after:,.0f} device tokens instead of {server.pool_tokens:,} "
+        f"({pool_after / (server.pool_tokens or 1):.2f}×), so about {running} requests run at "
+        f"once instead of {capacity.figures.get('running', 0):g}{risk}"
+    )
+    return [Option(change, checked.verdict, running, ratio, why)]

@@ -8,10 +8,12 @@ import pytest
 from nodes.domain.capacity import (
     HOLD_S,
     Capacity,
+    Checked,
     Sample,
     Server,
     bottleneck,
     expected_running,
+    options,
 )
 
 #: The incident's server: Kimi-K2.5 at TP 8, --mem-fraction-static 0.85, a device pool of
@@ -99,3 +101,50 @@ def test_a_larger_pool_runs_what_it_fits_no_more_than_waits_nor_the_limit():
     assert expected_running(capacity, 10**7, Server(116_171)) == (150, 3.0)  # all that waits
     assert expected_running(capacity, 10**7, Server(116_171, 64)) == (64, 1.28)
     assert expected_running(Capacity("unknown"), 150_000, Server(116_171)) is None
+
+
+def _fake_budget(change: dict) -> Checked:
+    """A node where each 0.01 of mem-fraction adds 3,000 device tokens from 0.85 (100,000),
+    headroom runs low past 0.90 (warn), graphs no longer fit past 0.93 (block); fp8 doubles."""
+    mfs = change.get("--mem-fraction-static", 0.85)
+    pool = round(100_000 + (mfs - 0.85) * 300_000)
+    if change.get("--kv-cache-dtype") == "fp8_e5m2":
+        pool *= 2
+    if mfs > 0.93:
+        return Checked("block", pool)
+    if mfs > 0.90:
+        return Checked("warn", pool, ("only 4 GiB left for activations and CUDA graphs",))
+    return Checked("ok", pool)
+
+
+def test_the_options_for_a_kv_bound_server_are_checked_and_scaled_by_the_measured_pool():
+    capacity = Capacity(
+        "kv-bound", 60,
+        {"running": 50, "queued": 100, "avg_tokens_per_request": 2_000, "pool_tokens": 116_171},
+    )  # fmt: skip
+    offered = options(capacity, INCIDENT, mfs=0.85, kv_dtype="auto", recheck=_fake_budget)
+    (fraction, fp8) = offered
+    # The highest fraction the check passes without a warning: 0.90, 115,000 / 100,000 of
+    # the measured pool, ~133,600 tokens, ~66 requests of 2,000 tokens.
+    assert fraction.change == {"--mem-fraction-static": 0.9} and fraction.verdict == "ok"
+    assert fraction.expected_running_requests == 66
+    assert fraction.expected_throughput_change == 1.32
+    assert fp8.change == {"--kv-cache-dtype": "fp8_e5m2"}
+    assert fp8.expected_running_requests == 116 and "accuracy" in fp8.why
+    assert all(o.verdict != "block" for o in offered)
+
+
+def test_only_a_kv_bound_server_is_offered_a_larger_pool():
+    capacity = Capacity("compute-bound", 60, {"running": 60, "avg_tokens_per_request": 500})
+    assert options(capacity, INCIDENT, mfs=0.85, kv_dtype="auto", recheck=_fake_budget) == []
+
+
+def test_when_every_fraction_is_blocked_none_is_offered():
+    capacity = Capacity(
+        "kv-bound", 60, {"running": 50, "queued": 100, "avg_tokens_per_request": 2_000}
+    )
+
+    def blocked(change: dict) -> Checked:
+        return Checked("ok" if not change else "block", 100_000)
+
+    assert options(capacity, INCIDENT, mfs=0.85, kv_dtype="fp8_e5m2", recheck=blocked) == []
