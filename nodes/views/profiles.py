@@ -18,6 +18,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nodes.domain import remedy, revision_diff
+from nodes.domain.inventory import check_node_name
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
@@ -169,7 +170,12 @@ def profile_ownership(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
 
 
 def _checked(
-    form: ProfileForm, user: Any, *, read_node: bool = True, wait: float = 0
+    form: ProfileForm,
+    user: Any,
+    *,
+    read_node: bool = True,
+    wait: float = 0,
+    profile_name: str | None = None,
 ) -> dict[str, Any]:
     """The budget panel's context for a bound, valid form: the budget on the node as it would
     be for this revision's own launch (what saving checks), and apart from it whether it could
@@ -183,7 +189,7 @@ def _checked(
     )
     env = form.cleaned_data["env"]
     # As for this profile's own launch: its running servers' memory is not someone else's.
-    memory = node_memory_for(node, data.get("name") or None)
+    memory = node_memory_for(node, profile_name or data.get("name") or None)
     report = evaluate(form.args(), node, model, env=env, memory=memory)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
     command = shlex.join(
@@ -230,19 +236,29 @@ def _with_suggestion(
     return ProfileForm(loaded)
 
 
+def _name_fixed(form: ProfileForm) -> None:
+    """A new revision keeps its profile's name: shown read-only, but sent with the form, so
+    the live check knows whose revision it checks (a save takes the profile's name anyway)."""
+    form.fields["name"].widget.attrs["readonly"] = True
+
+
 @require_POST
 @login_required
 def profile_check(request: HtmxHttpRequest) -> HttpResponse:
     """The live budget panel for what the form holds now; it never touches the inputs. Only
     an operator's check reads the model on the node: a viewer gets the budget without it."""
-    form = ProfileForm(request.POST)
+    data = request.POST.copy()
+    name = str(data.get("name", "")).strip()
+    if not name or check_node_name(name):
+        # The budget needs no name (a save does): a form not named yet is checked all the same.
+        data["name"], name = "unnamed", ""
+    form = ProfileForm(data)
     text = request.POST.get("polls", "")
     polls = int(text) if re.fullmatch(r"[0-9]{1,4}", text) else 0
     context: dict[str, Any] = {"form": form, "polls": polls + 1}
     if form.is_valid():
-        context.update(
-            _checked(form, request.user, read_node=has_role(request.user, Role.OPERATOR))
-        )
+        operator = has_role(request.user, Role.OPERATOR)
+        context.update(_checked(form, request.user, read_node=operator, profile_name=name))
         # The panel asks again while the model is being read, for about a minute at most.
         context["stalled"] = context["model"].pending and polls >= MODEL_POLLS
     return render(request, "nodes/profile_form.html#budget-panel", context)
@@ -448,7 +464,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         else:
             form = ProfileForm(initial=initial)
         if profile is not None:
-            form.fields["name"].disabled = True
+            _name_fixed(form)
         return render(request, "nodes/profile_form.html", {**context, "form": form})
     data = request.POST.copy()
     if profile is not None:
@@ -463,7 +479,7 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
     else:
         form = ProfileForm(data)
     if profile is not None:
-        form.fields["name"].disabled = True
+        _name_fixed(form)
         form.initial["name"] = profile.name
     if form.is_valid():
         saving = request.POST.get("action") == "save"

@@ -320,3 +320,17 @@ def test_a_revision_saved_without_its_model_says_so(operator, trusted):
     assert answer.status_code == 201, answer.content
     said = [m for m in answer.json()["messages"] if m["code"] == "model-not-read"]
     assert said and "not read from gpu-02" in said[0]["text"], answer.json()["messages"]
+
+
+def test_the_live_check_needs_no_name_and_a_new_revision_sends_its_name(operator_client, node):
+    """A new revision's name is read-only but sent (a disabled input is not), and a new form
+    is checked before it is named."""
+    data = {k: v for k, v in profile_form_data(node, hicache_size="37").items() if k != "name"}
+    panel = operator_client.post(reverse("nodes:profile-check"), data).content.decode()
+    assert "Memory budget on gpu-01" in panel and "Pick a node" not in panel
+    saved = {**profile_form_data(node, hicache_size="37"), "acknowledge": "on"}
+    operator_client.post(reverse("nodes:profile-create"), saved)
+    profile = LaunchProfile.objects.get()
+    page = operator_client.get(reverse("nodes:profile-edit", args=[profile.pk])).content.decode()
+    name_input = next(tag for tag in page.split("<input") if 'name="name"' in tag)
+    assert "readonly" in name_input and "disabled" not in name_input
