@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 #: A value longer than this is cut, with an ellipsis; the page links to the object itself.
-MAX_VALUE_CHARS = 300
+MAX_VALUE_CHARS = 240
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,18 @@ def _text(value: Any) -> str:
         said = value
     elif isinstance(value, list) and all(not isinstance(v, dict | list) for v in value):
         said = ", ".join(str(v) for v in value) or "none"
-    elif isinstance(value, Mapping) and all(not isinstance(v, dict | list) for v in value.values()):
+    elif isinstance(value, list) and all(_flat(v) for v in value):
+        # A list of records (pre-flight checks): one "k=v, …" per record.
+        said = "; ".join(", ".join(f"{k}={v}" for k, v in item.items()) for item in value)
+    elif _flat(value):
         said = ", ".join(f"{k}={v}" for k, v in value.items()) or "none"
     else:
         said = json.dumps(value, ensure_ascii=False, sort_keys=True)
     return said if len(said) <= MAX_VALUE_CHARS else said[: MAX_VALUE_CHARS - 1] + "…"
+
+
+def _flat(value: Any) -> bool:
+    """A record whose values are all plain (no list, no object)."""
+    return isinstance(value, Mapping) and all(
+        not isinstance(v, dict | list) for v in value.values()
+    )

@@ -55,6 +55,12 @@ def test_the_diff_lines_up_and_history_fits_the_window(live_server, page, width)
     expect(row.locator(".changes del")).to_contain_text("x" * 40)
     expect(row.locator(".changes ins")).to_contain_text("y" * 40)
     assert "{" not in row.locator(".change").inner_text()  # no raw JSON
+    # The change has room to be read: not squeezed to a few characters a line.
+    change, table = (
+        row.locator(".change").bounding_box(),
+        page.locator("table.audit").bounding_box(),
+    )
+    assert change and table and change["width"] >= 0.3 * table["width"], (change, table)
     row.get_by_role("link", name="kimi").click()
     expect(page.get_by_role("heading", name="kimi")).to_be_visible()
     page.go_back()

@@ -25,3 +25,9 @@ def test_long_values_are_cut_and_non_objects_are_one_value():
     assert long.after.endswith("…")
     assert changes("a", "b") == [Change("value", "a", "b")]
     assert changes({"same": 1}, {"same": 1}) == []
+
+
+def test_a_list_of_records_reads_one_record_after_another():
+    checks = [{"name": "budget", "passed": False}, {"name": "shm", "passed": True}]
+    (found,) = changes(None, {"checks": checks})
+    assert found.after == "name=budget, passed=False; name=shm, passed=True"
