@@ -120,19 +120,26 @@ OOM_KILL = re.compile(
 
 
 def kill_events(kernel_lines: Sequence[str], t: float) -> list[Event]:
-    """The kernel log's OOM kills as host-chart events at ``t`` (the kernel log's own clock is
-    not the launch's): who was killed and the memory it held (anon + shmem RSS, GB)."""
-    found = []
-    for line in kernel_lines:
-        match = OOM_KILL.search(str(line))
-        if match:
-            held = (int(match["anon"]) + int(match["shmem"])) * 1024
-            label = (
-                f"OOM kill (kernel log): PID {match['pid']} ({match['comm']}) holding "
-                f"{format_bytes(held, 'GB')}; host RAM was exhausted"
-            )
-            found.append(Event("host", "kill", t, label))
-    return found
+    """The kernel log's OOM kills as one host-chart event at ``t`` (the kernel log's own clock
+    is not the launch's): who was killed and the memory each held then (anon + shmem RSS). The
+    kernel kills one process at a time and takes its memory back before the next, so the
+    figures are each victim's at its own kill, not a total held at once."""
+    kills = [m for m in (OOM_KILL.search(str(line)) for line in kernel_lines) if m]
+    if not kills:
+        return []
+    held = [(m, (int(m["anon"]) + int(m["shmem"])) * 1024) for m in kills]
+    if len(held) == 1:
+        ((m, size),) = held
+        said = f"PID {m['pid']} ({m['comm']}) holding {format_bytes(size, 'GB')}"
+    else:
+        largest = max(size for _, size in held)
+        pids = ", ".join(m["pid"] for m, _ in held[:8]) + ("…" if len(held) > 8 else "")
+        said = (
+            f"{len(held)} processes, one after another (PIDs {pids}); the largest held "
+            f"{format_bytes(largest, 'GB')} when it was killed"
+        )
+    label = f"OOM kill (kernel log): {said}; host RAM was exhausted"
+    return [Event("host", "kill", t, label)]
 
 
 def charts(

@@ -64,6 +64,8 @@ HEAD_LINES_KEPT = 1000
 # group every STATUS_EVERY_S and reports only changes (and a beat).
 STATUS_EVERY_S = 1.0
 STATUS_EVERY_READY_S = 5.0
+#: A ready server's memory is sampled this often (s) for its chart.
+SERVING_SAMPLE_S = 30.0
 #: A watch that said nothing this long (its lines come every few seconds) is restarted.
 WATCH_QUIET_S = 30.0
 
@@ -281,9 +283,15 @@ class Follower:
                 )
             elif self.progress.ready_line_seen:
                 self._try_ready(launch, client)
-        elif launch.status == LaunchStatus.READY and now >= self.next_health:
-            self.next_health = now + settings.RANKWISE_HEALTH_SECONDS
-            self._health(launch, client)
+        elif launch.status == LaunchStatus.READY:
+            if now >= self.next_sample:
+                # The first right at ready (the host pools are pinned last), then sparser:
+                # the chart covers the launch's life, bounded by timeline.MAX_SAMPLES.
+                self.next_sample = now + SERVING_SAMPLE_S
+                self._sample(launch, watch.latest)
+            if now >= self.next_health:
+                self.next_health = now + settings.RANKWISE_HEALTH_SECONDS
+                self._health(launch, client)
 
     def _sample(self, launch: Launch, status: agent.GroupStatus | None) -> None:
         """Add the memory the watch last reported to the launch's timeline (a live probe where

@@ -79,3 +79,15 @@ def test_a_kill_the_sampler_missed_is_marked_with_what_the_kernel_said():
     assert host.duration_s == 310.0  # the axis reaches the kill
     (marker,) = host.markers
     assert marker.x == 600.0 and "host RAM was exhausted" in marker.label
+
+
+def test_several_kills_are_one_marker_that_says_they_came_one_after_another():
+    def line(pid: int, kb: int) -> str:
+        return (
+            f"Out of memory: Killed process {pid} (sglang::schedul) total-vm:1kB, "
+            f"anon-rss:{kb}kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:1kB"
+        )
+
+    (kill,) = timeline.kill_events([line(41, 100_000_000), line(42, 104_000_000)], 300.0)
+    assert "2 processes, one after another (PIDs 41, 42)" in kill.label
+    assert "the largest held 106.5 GB when it was killed" in kill.label
