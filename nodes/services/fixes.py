@@ -133,9 +133,35 @@ def stored(launch: Launch) -> dict[str, Any] | None:
     }
 
 
+def blocked_by_budget(launch: Launch) -> bool:
+    """Whether pre-flight blocked ``launch`` on its memory budget (its ``budget`` check
+    failed and was not overridden)."""
+    return launch.status == LaunchStatus.BLOCKED and any(
+        isinstance(c, dict) and c.get("name") == "budget" and not c.get("passed")
+        and not c.get("override")
+        for c in launch.checks or []
+    )  # fmt: skip
+
+
+def blocked_fix(launch: Launch, *, wait: float | None = 0) -> dict[str, Any]:
+    """The change that lifts a budget block: the budget's own suggestion for the command on
+    the launch's node (complete: ``budget.check`` settles it), ``{}`` where it has none. The
+    model is read as ``model_facts`` reads it with ``wait`` (0: a page, never waiting)."""
+    if not blocked_by_budget(launch):
+        return {}
+    report = _evaluate(launch, list(launch.revision.args), wait)
+    return {k: remedy.plain(v) for k, v in (report.suggestion or {}).items()}
+
+
 def suggested_fix(launch: Launch, *, wait: float | None = None) -> Fix:
-    """The fix of ``launch``'s stored diagnosis, checked against its node now. Raises
-    ``FixError`` when the launch did not fail, has no diagnosis or it suggests no flag change."""
+    """The fix of ``launch``'s stored diagnosis (a launch pre-flight blocked on its budget:
+    the budget's suggestion), checked against its node now. Raises ``FixError`` when the
+    launch did not fail, has no diagnosis or it suggests no flag change."""
+    if blocked_by_budget(launch):
+        changes = blocked_fix(launch, wait=wait)
+        if not changes:
+            raise FixError("the budget suggests no flag change that passes; edit the profile")
+        return _fix_of(launch, changes, wait)
     if launch.status != LaunchStatus.FAILED:
         raise FixError(f"launch #{launch.pk} did not fail ({launch.status}); nothing to fix")
     doc = stored(launch)
@@ -143,12 +169,16 @@ def suggested_fix(launch: Launch, *, wait: float | None = None) -> Fix:
         raise FixError(f"launch #{launch.pk} has no diagnosis yet")
     if not doc["changes"]:
         raise FixError("this diagnosis suggests no flag change; see its remedy")
+    return _fix_of(launch, doc["changes"], wait)
+
+
+def _fix_of(launch: Launch, changes: dict[str, Any], wait: float | None) -> Fix:
     version = table(launch.node.sglang_version or DEFAULT_VERSION)
     try:
-        args = remedy.with_changes(list(launch.revision.args), doc["changes"], version)
+        args = remedy.with_changes(list(launch.revision.args), changes, version)
     except ValueError as exc:
         raise FixError(f"the suggested change cannot be applied: {exc}") from None
-    return Fix(doc["changes"], args, _evaluate(launch, args, wait))
+    return Fix(changes, args, _evaluate(launch, args, wait))
 
 
 def apply_fix(
@@ -172,7 +202,9 @@ def apply_fix(
         return latest, False
     node = launch.node
     model = model_facts.model_of(node, fix.args, wait=wait)
-    category = (stored(launch) or {}).get("category") or "diagnosis"
+    category = (stored(launch) or {}).get("category") or (
+        "budget" if blocked_by_budget(launch) else "diagnosis"
+    )
     revision = profiles.save_revision(
         profile_name=launch.revision.profile.name,
         args=fix.args,

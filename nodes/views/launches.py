@@ -230,6 +230,9 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "effective": _effective(launch.server_info),
         # In the polled part, so a launch that pre-flight blocks offers it without a reload.
         "relaunch": _relaunch_form(launch) if launch.status == LaunchStatus.BLOCKED else None,
+        "blocked_fix": remedy.describe(fixes.blocked_fix(launch))
+        if launch.status == LaunchStatus.BLOCKED
+        else "",
         "charts": timeline.charts(
             launch.memory_timeline or [],
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},

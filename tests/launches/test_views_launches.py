@@ -295,3 +295,26 @@ def test_an_adhoc_launch_is_saved_as_a_named_profile_and_bad_names_change_nothin
     assert answer.redirect_chain[-1][0] == reverse("nodes:profile-detail", args=[saved.pk])
     again = operator_client.post(url, {"name": "qwen-tp2"}, follow=True).content.decode()
     assert "already exists" in again and LaunchProfile.objects.filter(name="qwen-tp2").count() == 1
+
+
+def test_a_launch_the_budget_blocked_offers_its_complete_change_as_a_new_revision(
+    operator_client, settings
+):
+    settings.RANKWISE_MODEL_READ_WAIT_SECONDS = 0  # no node behind: the model is not read
+    node = make_node("gpu-09", host_ram_bytes=449 * 10**9, mem_available_bytes=408 * 10**9,
+                     sglang_version="0.5.9")  # fmt: skip
+    profile = LaunchProfile.objects.create(name="kimi", created_by="olga")
+    args = ["--model-path", "/m", "--tp-size", "8", "--enable-hierarchical-cache",
+            "--hicache-size", "300"]  # fmt: skip
+    revision = ProfileRevision.objects.create(
+        profile=profile, number=1, args=args, env={}, author="olga", node=node, verdict="ok",
+        report={},
+    )  # fmt: skip
+    failed = [{"name": "budget", "passed": False, "detail": "8 × 300 GB", "override": ""}]
+    launch = make_launch(revision, node, status=LaunchStatus.BLOCKED, checks=failed)
+    page = operator_client.get(reverse("nodes:launch-detail", args=[launch.pk])).content.decode()
+    assert 'id="suggested-change">--hicache-size 37</code>' in page
+    response = operator_client.post(reverse("nodes:launch-apply-fix", args=[launch.pk]))
+    saved = ProfileRevision.objects.get(profile=profile, number=2)
+    assert saved.args[-2:] == ["--hicache-size", "37"] and saved.verdict != "block"
+    assert "Fix from launch" in saved.message and response.status_code == 302
