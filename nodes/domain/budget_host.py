@@ -276,6 +276,13 @@ def _show_budget(
     budget: HostBudget, node: NodeMemory, os_headroom: int, report: BudgetReport
 ) -> None:
     names = {"available": "MemAvailable now", "cgroup": "cgroup limit"}
+    if node.own_pinned_bytes and node.mem_available_bytes is not None:
+        read = format_bytes(node.mem_available_bytes - node.own_pinned_bytes, "GB", places=2)
+        own = format_bytes(node.own_pinned_bytes, "GB", places=2)
+        names["available"] = (
+            f"MemAvailable now {read} + {own} pinned by this profile's own launches (theirs to "
+            "give back when they stop) ="
+        )
     if node.host_ram_bytes:
         ram, spare = format_bytes(node.host_ram_bytes, "GB"), format_bytes(os_headroom, "GB", 2)
         names["ram"] = f"host RAM {ram} − {spare} for the OS ="

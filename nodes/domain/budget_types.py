@@ -35,6 +35,9 @@ class NodeMemory:
     gpu_used_bytes: tuple[int, ...] | None = None
     gpu_names: tuple[str, ...] | None = None
     neighbours: tuple[Neighbour, ...] = ()
+    #: Host memory (bytes) the checked profile's own launches pinned, counted back into
+    #: ``mem_available_bytes`` (a revision is checked as its own launch would find the node).
+    own_pinned_bytes: int = 0
 
     @classmethod
     def from_document(cls, node: Any, mem_available_bytes: Any = None) -> NodeMemory:

@@ -115,7 +115,13 @@ def node_memory_for(node: Node, profile_name: str | None) -> NodeMemory:
     available = memory.mem_available_bytes
     if available is not None and pinned:
         available = min(available + pinned, node.host_ram_bytes or available + pinned)
-    return replace(memory, gpu_used_bytes=used or None, mem_available_bytes=available)
+    given_back = (available or 0) - (memory.mem_available_bytes or 0)
+    return replace(
+        memory,
+        gpu_used_bytes=used or None,
+        mem_available_bytes=available,
+        own_pinned_bytes=given_back,
+    )
 
 
 def evaluate(

@@ -50,6 +50,7 @@ def test_the_profiles_own_launch_counts_free_and_anyone_elses_stays_used():
     own = node_memory_for(node, "llama")
     assert own.gpu_used_bytes == (0, 0)
     assert own.mem_available_bytes == 440 * GB  # 40 GB available + the 400 GB it pinned
+    assert own.own_pinned_bytes == 400 * GB
     for other in ("qwen", None):
         theirs = node_memory_for(node, other)
         assert theirs.gpu_used_bytes == (90 * GiB, 90 * GiB)
@@ -63,7 +64,13 @@ def test_a_new_revision_beside_its_own_server_is_not_blocked_by_it():
     args = [*ARGS, "150"]
     assert evaluate(args, node, model).verdict == "block"  # counting its own 400 GB as used
     memory = node_memory_for(node, "llama")
-    assert evaluate(args, node, model, memory=memory).verdict != "block"
+    report = evaluate(args, node, model, memory=memory)
+    assert report.verdict != "block"
+    # The arithmetic says where the memory it counts comes from.
+    assert any(
+        "MemAvailable now 40 GB + 400 GB pinned by this profile's own launches" in line
+        for line in report.lines
+    ), report.lines
 
 
 def test_an_ad_hoc_revision_is_promoted_beside_its_own_server(settings):
