@@ -224,7 +224,7 @@ def test_bad_node_settings_are_field_errors(admin_client_, field, value, message
 def test_the_node_page_says_servers_run_as_the_ssh_user_by_default(viewer_client):
     node = make_node("gpu-01", ssh_user="root")
     page = viewer_client.get(reverse("nodes:node-detail", args=[node.pk])).content.decode()
-    assert ">root<" in page and "(the SSH user)" in page
+    assert ">root<" in page and "(the SSH user; an admin can name an unprivileged user" in page
 
 
 def test_operators_cannot_edit_node_allowances(operator_client):
