@@ -17,7 +17,7 @@ from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut
 from nodes.models import Launch
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import send
-from nodes.services import fixes
+from nodes.services import capacity, fixes
 from nodes.services.teams import visible_launches
 from nodes.workflows import launching
 
@@ -80,6 +80,18 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
 @router.get("/{launch_id}", response={200: LaunchOut, **READ_ERRORS})
 def get_launch(request: HttpRequest, launch_id: int) -> Any:
     return launch_json(get_object_or_404(visible_launches(request.user), pk=launch_id))
+
+
+@router.get("/{launch_id}/capacity", response={200: dict[str, Any], **READ_ERRORS})
+def launch_capacity(request: HttpRequest, launch_id: int) -> Any:
+    """What bounds the running server (from the load gauges the panel sampled) and the changes
+    that would lift it, each checked by the budget first: ``{"launch", "bottleneck",
+    "held_s", "figures", "options": [{"change", "verdict", "expected_running_requests",
+    "expected_throughput_change", "why"}], "why"}``."""
+    launch = get_object_or_404(
+        visible_launches(request.user).select_related("node", "revision__profile"), pk=launch_id
+    )
+    return capacity.capacity_of(launch)
 
 
 @router.get("/{launch_id}/log", response={200: LogOut, **READ_ERRORS})

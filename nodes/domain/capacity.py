@@ -327,6 +327,6 @@ def _option(
     why = (
         f"{what}: about {pool_after:,.0f} device tokens instead of {server.pool_tokens:,} "
         f"({pool_after / (server.pool_tokens or 1):.2f}×), so about {running} requests run at "
-        f"once instead of {capacity.figures.get('running', 0):g}{risk}"
+        f"once instead of {capacity.figures.get('running', 0):.0f}{risk}"
     )
     return [Option(change, checked.verdict, running, ratio, why)]

@@ -37,7 +37,14 @@ KEPT = (
 )
 
 #: The gauges ``summarise_metrics`` reads, without their ``sglang:`` prefix.
-WANTED = ("token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput")
+WANTED = (
+    "token_usage",
+    "num_running_reqs",
+    "num_queue_reqs",
+    "gen_throughput",
+    "cache_hit_rate",
+    "num_retracted_reqs",
+)
 
 
 class ServerInfoError(ValueError):
@@ -67,8 +74,10 @@ def effective_settings(body: bytes) -> dict[str, Any]:
 def summarise_metrics(text: str) -> dict[str, float]:
     """Load figures from Prometheus text: ``token_usage`` (highest rank, fraction of the KV pool),
     ``num_running_reqs`` and ``num_queue_reqs`` (rank 0: every TP rank sees the same batch),
-    ``gen_throughput`` (tokens/s, rank 0). Samples are read by ``prometheus_client``'s parser;
-    text it cannot read gives fewer figures (``{}`` for none), never an exception."""
+    ``gen_throughput`` (tokens/s, rank 0), ``cache_hit_rate`` (prefix hits, 0–1) and
+    ``num_retracted_reqs`` (rank 0) where the server exports them. Samples are read by
+    ``prometheus_client``'s parser; text it cannot read gives fewer figures (``{}`` for none),
+    never an exception."""
     found: dict[str, list[tuple[str, float]]] = {}
     for sample in _samples(text):
         name = sample.name.removeprefix("sglang:")

@@ -60,6 +60,9 @@ class Launch(models.Model):
     stop_beat = models.DateTimeField(null=True, blank=True)
     server_info = models.JSONField(null=True, blank=True)
     metrics = models.JSONField(null=True, blank=True)
+    # The load gauges over the launch's life, bounded (domain.timeline.append): [{"t": s since
+    # it started, "token_usage", "num_running_reqs", "num_queue_reqs", "gen_throughput", …}].
+    metrics_series = models.JSONField(default=list, blank=True)
     health_at = models.DateTimeField(null=True, blank=True)
     snapshot = models.JSONField(null=True, blank=True)
     log_archive = models.BinaryField(null=True, blank=True)

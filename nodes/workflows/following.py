@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from nodes import ssh
 from nodes.domain import launch_plan as plan
+from nodes.domain import timeline
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import (
@@ -510,6 +511,12 @@ class Follower:
             metrics = self._metrics(launch, client)
             if metrics is not None:
                 fields["metrics"] = metrics
+                began = launch.started or launch.created
+                t = (fields["health_at"] - began).total_seconds()
+                # The series the capacity advisor reads (bounded; the first and latest stay).
+                fields["metrics_series"] = timeline.append(
+                    launch.metrics_series or [], {"t": round(t, 1), **metrics}
+                )
             Launch.objects.filter(pk=launch.pk).update(**fields)
             launch.refresh_from_db()
             if known_good_due(launch) and not self.stamp_queued:
