@@ -2,7 +2,16 @@ from __future__ import annotations
 
 from django.urls import path
 
-from nodes.views import accounts, calibrations, cleanups, exchange, inventory, launches, profiles
+from nodes.views import (
+    accounts,
+    calibrations,
+    cleanups,
+    exchange,
+    inventory,
+    launches,
+    metrics,
+    profiles,
+)
 
 app_name = "nodes"
 
@@ -25,6 +34,7 @@ urlpatterns = [
     path("ssh-keys/", inventory.credential_list, name="credential-list"),
     path("ssh-keys/new/", inventory.credential_create, name="credential-create"),
     path("ssh-keys/<int:pk>/delete/", inventory.credential_delete, name="credential-delete"),
+    path("metrics", metrics.metrics, name="metrics"),
     path("launch-profiles/", profiles.profile_list, name="profile-list"),
     path("launch-profiles/new/", profiles.profile_create, name="profile-create"),
     path("launch-profiles/export/", exchange.profiles_export, name="profiles-export"),
