@@ -62,6 +62,7 @@ class Series:
     points: str  # SVG polyline points, "x,y x,y"
     peak_bytes: int
     count: int = 1
+    peak_text: str = ""  # the peak in words, for a series that is not bytes
 
 
 @dataclass(frozen=True)
@@ -218,3 +219,66 @@ def _series(label: str, points: list[tuple[float, int]], capacity: int, end: flo
         for t, b in points
     )
     return Series(label, scaled, max((b for _, b in points), default=0))
+
+
+#: The load charts of a server started with --enable-metrics: title, the series' figures and
+#: labels, the axis top (``None``: the highest value), and how a value reads.
+LOAD_CHARTS: tuple[tuple[str, tuple[tuple[str, str], ...], float | None, str], ...] = (
+    ("KV token usage", (("token_usage", "device KV pool in use"),), 1.0, "percent"),
+    (
+        "Requests",
+        (("num_running_reqs", "running"), ("num_queue_reqs", "waiting")),
+        None,
+        "count",
+    ),
+    ("Generation throughput", (("gen_throughput", "tokens/s"),), None, "rate"),
+    ("Prefix cache hit rate", (("cache_hit_rate", "hits"),), 1.0, "percent"),
+)
+
+
+def load_charts(series: Sequence[Mapping[str, Any]]) -> list[Chart]:
+    """The server's load over its life (``Launch.metrics_series``) as charts like the memory
+    ones: usage and hit rate from 0 to 100 %, requests and throughput from 0 to their highest;
+    a chart whose figures the server never gave is left out. ``[]`` with fewer than two
+    samples."""
+    if len(series) < 2:
+        return []
+    end = max(float(s.get("t") or 0) for s in series) or 1.0
+    found = []
+    for title, figures, top, kind in LOAD_CHARTS:
+        lines = []
+        for key, label in figures:
+            points = [
+                (float(s.get("t") or 0), float(s[key]))
+                for s in series
+                if isinstance(s.get(key), int | float) and not isinstance(s.get(key), bool)
+            ]
+            if points:
+                lines.append((label, points))
+        if not lines:
+            continue
+        highest = top or max(max(v for _, v in pts) for _, pts in lines) or 1.0
+        drawn = [
+            Series(
+                label,
+                " ".join(
+                    f"{t / end * WIDTH:.1f},{HEIGHT - min(v, highest) / highest * HEIGHT:.1f}"
+                    for t, v in pts
+                ),
+                0,
+                peak_text=f"{label}: peak {_said(max(v for _, v in pts), kind)}",
+            )
+            for label, pts in lines
+        ]
+        y_ticks = [Tick(_said(highest * f, kind), f * 100) for f in (0, 0.5, 1)]
+        x_ticks = [Tick(f"{end * f:,.0f} s", f * 100) for f in (0, 0.5, 1)]
+        found.append(Chart(title, 0, end, drawn, "", y_ticks=y_ticks, x_ticks=x_ticks))
+    return found
+
+
+def _said(value: float, kind: str) -> str:
+    if kind == "percent":
+        return f"{value * 100:.0f} %"
+    if kind == "rate":
+        return f"{value:,.0f} tokens/s"
+    return f"{value:,.0f}"

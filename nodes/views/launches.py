@@ -238,6 +238,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
             _chart_events(launch, diagnosis),
         ),
+        "load_charts": timeline.load_charts(launch.metrics_series or []),
     }
 
 

@@ -91,3 +91,20 @@ def test_several_kills_are_one_marker_that_says_they_came_one_after_another():
     (kill,) = timeline.kill_events([line(41, 100_000_000), line(42, 104_000_000)], 300.0)
     assert "2 processes, one after another (PIDs 41, 42)" in kill.label
     assert "the largest held 106.5 GB when it was killed" in kill.label
+
+
+def test_the_load_over_a_launchs_life_is_drawn_from_its_series():
+    series = [
+        {"t": 0.0, "token_usage": 0.2, "num_running_reqs": 5, "num_queue_reqs": 0,
+         "gen_throughput": 100.0},
+        {"t": 60.0, "token_usage": 0.95, "num_running_reqs": 50, "num_queue_reqs": 98,
+         "gen_throughput": 500.0},
+    ]  # fmt: skip
+    usage, requests, throughput = timeline.load_charts(series)  # no hit rate: no chart
+    assert usage.title == "KV token usage" and usage.series[0].points == "0.0,128.0 600.0,8.0"
+    assert usage.series[0].peak_text == "device KV pool in use: peak 95 %"
+    assert [t.label for t in usage.y_ticks] == ["0 %", "50 %", "100 %"]
+    assert [s.label for s in requests.series] == ["running", "waiting"]
+    assert requests.y_ticks[-1].label == "98"  # the axis tops at the highest figure
+    assert throughput.series[0].peak_text == "tokens/s: peak 500 tokens/s"
+    assert timeline.load_charts(series[:1]) == []
