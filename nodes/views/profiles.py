@@ -197,7 +197,16 @@ def _checked(
     )
     now = placement.on_node(node, form.args(), env, model)
     now = replace(now, reasons=teams.mask_launch_ids(user, now.reasons))
-    return {"report": report, "model": model, "node": node, "command": command, "now": now}
+    # Without it the server exports no gauges: no load plots, no bottleneck (issue 20).
+    metrics = parse_command(form.args(), table(node.sglang_version or DEFAULT_VERSION))
+    return {
+        "report": report,
+        "model": model,
+        "node": node,
+        "command": command,
+        "now": now,
+        "suggest_metrics": not metrics.get("enable_metrics", default=False),
+    }
 
 
 def _with_suggestion(

@@ -334,3 +334,11 @@ def test_the_live_check_needs_no_name_and_a_new_revision_sends_its_name(operator
     page = operator_client.get(reverse("nodes:profile-edit", args=[profile.pk])).content.decode()
     name_input = next(tag for tag in page.split("<input") if 'name="name"' in tag)
     assert "readonly" in name_input and "disabled" not in name_input
+
+
+def test_the_form_suggests_enable_metrics_until_it_is_there(operator_client, node):
+    without = operator_client.post(reverse("nodes:profile-check"), profile_form_data(node))
+    assert "Add <code>--enable-metrics</code>" in without.content.decode()
+    data = profile_form_data(node, extra_flags="--enable-metrics")
+    with_it = operator_client.post(reverse("nodes:profile-check"), data)
+    assert "Add <code>--enable-metrics</code>" not in with_it.content.decode()
