@@ -69,6 +69,12 @@ urlpatterns = [
     path("launches/<int:pk>/", launches.launch_detail, name="launch-detail"),
     path("launches/<int:pk>/stop/", launches.launch_stop, name="launch-stop"),
     path("launches/<int:pk>/save-as-profile/", launches.launch_promote, name="launch-promote"),
+    path("launches/<int:pk>/capacity/", launches.launch_capacity, name="launch-capacity"),
+    path(
+        "launches/<int:pk>/capacity/apply/",
+        launches.launch_capacity_apply,
+        name="launch-capacity-apply",
+    ),
     path(
         "launches/<int:pk>/test-request/", launches.launch_test_request, name="launch-test-request"
     ),

@@ -7,11 +7,64 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.http import HttpRequest
+
 from nodes.domain import capacity, remedy
 from nodes.flag_tables import DEFAULT_VERSION, table
-from nodes.models import Launch
+from nodes.models import Launch, ProfileRevision
 from nodes.services.model_facts import model_of
-from nodes.services.profiles import evaluate, node_memory_for
+from nodes.services.profiles import evaluate, node_memory_for, save_revision
+from nodes.types import Actor
+
+
+def _server(launch: Launch) -> capacity.Server:
+    info = launch.server_info if isinstance(launch.server_info, dict) else {}
+    return capacity.Server(
+        pool_tokens=_whole(info.get("max_total_num_tokens")),
+        max_running_requests=_whole(info.get("max_running_requests")),
+        hicache=bool(info.get("enable_hierarchical_cache")),
+    )
+
+
+def bottleneck_of(launch: Launch) -> capacity.Capacity:
+    """The bottleneck alone (cheap: no budget is run), for a page that polls."""
+    samples = [capacity.Sample.of(s) for s in launch.metrics_series or [] if isinstance(s, dict)]
+    return capacity.bottleneck(samples, _server(launch))
+
+
+class CapacityRefused(ValueError):
+    """The change is not one the advisor offers now, or the budget blocks it."""
+
+
+def apply_option(
+    launch: Launch, change: dict[str, Any], *, actor: Actor, request: HttpRequest | None = None
+) -> ProfileRevision:
+    """Save one of the options offered now as the profile's next revision, re-validated on
+    the launch's node as its relaunch would find it. Raises ``CapacityRefused`` for a change
+    that is not offered now (nothing is saved)."""
+    offered = [o["change"] for o in capacity_of(launch)["options"]]
+    if change not in offered:
+        raise CapacityRefused("that change is not offered for this launch now; reload the page")
+    node = launch.node
+    args = remedy.with_changes(
+        list(launch.revision.args), change, table(node.sglang_version or DEFAULT_VERSION)
+    )
+    model = model_of(node, args, wait=0)
+    memory = node_memory_for(node, launch.revision.profile.name)
+    report = evaluate(args, node, model, env=dict(launch.revision.env or {}), memory=memory)
+    if report.verdict == "block":
+        raise CapacityRefused("the budget blocks it on this node now")
+    return save_revision(
+        profile_name=launch.revision.profile.name,
+        args=args,
+        env=dict(launch.revision.env or {}),
+        message=f"Capacity of launch #{launch.pk}: {remedy.describe(change)}",
+        node=node,
+        report=report,
+        model=model,
+        actor=actor,
+        request=request,
+    )
 
 
 def capacity_of(launch: Launch) -> dict[str, Any]:
@@ -21,13 +74,8 @@ def capacity_of(launch: Launch) -> dict[str, Any]:
     or ``unknown``. The model is read as a page reads it (never waiting on the node): until it
     is, no option is computed and ``why`` says so."""
     info = launch.server_info if isinstance(launch.server_info, dict) else {}
-    server = capacity.Server(
-        pool_tokens=_whole(info.get("max_total_num_tokens")),
-        max_running_requests=_whole(info.get("max_running_requests")),
-        hicache=bool(info.get("enable_hierarchical_cache")),
-    )
-    samples = [capacity.Sample.of(s) for s in launch.metrics_series or [] if isinstance(s, dict)]
-    found = capacity.bottleneck(samples, server)
+    server = _server(launch)
+    found = bottleneck_of(launch)
     mfs = info.get("mem_fraction_static")
     offered = capacity.options(
         found,

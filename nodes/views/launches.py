@@ -46,7 +46,15 @@ from nodes.live import channel
 from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, send
-from nodes.services import bundle_uploads, bundles, fixes, placement, profiles, test_requests
+from nodes.services import (
+    bundle_uploads,
+    bundles,
+    capacity,
+    fixes,
+    placement,
+    profiles,
+    test_requests,
+)
 from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
@@ -239,6 +247,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
             _chart_events(launch, diagnosis),
         ),
         "load_charts": timeline.load_charts(launch.metrics_series or []),
+        "bottleneck": capacity.bottleneck_of(launch) if launch.metrics_series else None,
     }
 
 
@@ -689,3 +698,33 @@ def launch_test_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     else:
         context["error"] = "that answer is not of this launch: send the request again"
     return render(request, "nodes/_test_request.html", context)
+
+
+@require_GET
+@login_required
+def launch_capacity(request: HtmxHttpRequest, pk: int) -> HttpResponse:
+    """What would lift the server: the advisor's options, each checked by the budget."""
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
+    context = {"launch": launch, "found": capacity.capacity_of(launch)}
+    return render(request, "nodes/_capacity.html", context)
+
+
+@require_POST
+@role_required(Role.OPERATOR)
+def launch_capacity_apply(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Save an offered option as the profile's next revision (re-validated), then open the
+    launch form with it."""
+    launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
+    try:
+        change = json.loads(str(request.POST.get("change", ""))[:2000])
+        if not isinstance(change, dict):
+            raise ValueError
+        revision = capacity.apply_option(launch, change, actor=request.user, request=request)
+    except (ValueError, capacity.CapacityRefused) as exc:
+        said = str(exc) if isinstance(exc, capacity.CapacityRefused) else "not a change"
+        messages.error(request, f"Not saved: {said}.")
+        return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
+    messages.success(request, f"Saved {revision} ({revision.message}); {revision.verdict}.")
+    key = "adhoc_revision" if launch.adhoc else "revision"
+    query = urlencode({key: revision.pk, "node": launch.node_id})
+    return after_post(request, f"{reverse('nodes:launch-create')}?{query}")

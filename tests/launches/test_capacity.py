@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from django.urls import reverse
 from django.utils import timezone
 
 from nodes.domain.units import GB, GiB
@@ -116,3 +117,23 @@ def test_the_api_and_the_cli_answer_the_same_document(client, settings):
     assert json.loads(done.stdout) == api.json()
     assert manage_py(settings, "capacity", "999999").returncode == 2
     assert client.get("/api/launches/999999/capacity", **headers).status_code == 404
+
+
+@pytest.mark.django_db
+def test_the_launch_page_names_the_bottleneck_and_an_option_saves_a_checked_revision(
+    operator_client,
+):
+    launch = _incident()
+    page = operator_client.get(reverse("nodes:launch-detail", args=[launch.pk])).content.decode()
+    assert 'data-bottleneck="kv-bound"' in page and "What would lift it?" in page
+    assert "Load over the launch" in page and 'data-chart="Requests"' in page
+    options = operator_client.get(reverse("nodes:launch-capacity", args=[launch.pk]))
+    assert "fp8_e5m2" in options.content.decode()
+    url = reverse("nodes:launch-capacity-apply", args=[launch.pk])
+    refused = operator_client.post(url, {"change": '{"--hicache-size": 300}'}, follow=True)
+    assert "Not saved: that change is not offered" in refused.content.decode()
+    assert not ProfileRevision.objects.filter(number=2).exists()
+    saved = operator_client.post(url, {"change": '{"--kv-cache-dtype": "fp8_e5m2"}'})
+    revision = ProfileRevision.objects.get(number=2)
+    assert revision.args[-2:] == ["--kv-cache-dtype", "fp8_e5m2"] and revision.verdict != "block"
+    assert saved.status_code == 302 and "/launches/new/" in saved["Location"]
