@@ -480,6 +480,23 @@ class _ChannelHTTPConnection(http.client.HTTPConnection):
         self.sock = channel
 
 
+#: The most of an answer's body read (bytes).
+HTTP_BODY_MAX = 4 << 20
+
+
+def _read_at_most(response: http.client.HTTPResponse, limit: int) -> bytes:
+    """The body, whole up to ``limit`` bytes: ``read(n)`` returns what one read of the
+    channel gave, which can be part of it."""
+    chunks, size = [], 0
+    while size < limit:
+        chunk = response.read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
 def http_get(
     client: paramiko.SSHClient,
     port: int,
@@ -512,7 +529,7 @@ def http_request(
     try:
         connection.request(method, path, body=body, headers=headers or {})
         response = connection.getresponse()
-        return response.status, response.read(4 << 20)
+        return response.status, _read_at_most(response, HTTP_BODY_MAX)
     except paramiko.ChannelException as exc:
         raise RemoteError("refused", f"nothing answers on port {port}: {exc}") from None
     except TimeoutError:

@@ -285,11 +285,15 @@ class Follower:
             elif self.progress.ready_line_seen:
                 self._try_ready(launch, client)
         elif launch.status == LaunchStatus.READY:
-            if now >= self.next_sample:
+            latest = watch.latest
+            watched = latest is not None and None not in (latest.memory, latest.gpu_used)
+            if now >= self.next_sample and watched:
                 # The first right at ready (the host pools are pinned last), then sparser:
-                # the chart covers the launch's life, bounded by timeline.MAX_SAMPLES.
+                # the chart covers the launch's life, bounded by timeline.MAX_SAMPLES. Only
+                # what the watch reported: no probe of its own (a node cut off must not hold
+                # this loop up on a new connection; the watch going quiet is what says so).
                 self.next_sample = now + SERVING_SAMPLE_S
-                self._sample(launch, watch.latest)
+                self._sample(launch, latest)
             if now >= self.next_health:
                 self.next_health = now + settings.RANKWISE_HEALTH_SECONDS
                 self._health(launch, client)

@@ -50,4 +50,4 @@ def test_load_points_arrive_without_a_reload_and_stay_after_the_stop(
     page.get_by_role("button", name="Stop").click()
     expect(page.locator("[data-status]")).to_have_text("Stopped", timeout=60_000)
     page.reload()
-    expect(page.locator("figure[data-chart='Requests'] polyline").first).to_be_visible()
+    expect(page.locator("figure[data-chart='Requests'] polyline").first).to_be_attached()

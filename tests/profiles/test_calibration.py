@@ -159,6 +159,8 @@ def test_a_first_launch_calibrates_the_next_estimate(
     )
     launch.refresh_from_db()
     assert launch.status == LaunchStatus.READY, (launch.reason, launch.checks)
+    # Stored by the follower right after the launch turned ready (not in the same transaction).
+    wait_until(lambda: Calibration.objects.filter(launch=launch).exists(), 30, 0.2)
     stored = Calibration.objects.get(launch=launch)
     assert stored.weights_per_rank_bytes == round(launch.progress["numbers"]["weights_gib"] * GiB)
     assert stored.tp_size == tp and stored.node_name == node.name
