@@ -91,30 +91,22 @@ def check(
     The report's ``suggestion`` is a complete change: the command with it applied passes this
     same check (``ok`` or ``warn``, in ``suggestion_verdict``), or there is no suggestion.
     """
-    report = _check(
-        flags,
-        node,
-        version=version,
-        geometry=geometry,
-        weights_bytes=weights_bytes,
-        os_headroom_bytes=os_headroom_bytes,
-        request_tokens=request_tokens,
-        observed=observed,
-    )
-    if report.suggestion:
-        _settle_suggestion(
-            report,
-            lambda change: _check(
-                _with_change(flags, change),
-                node,
-                version=version,
-                geometry=geometry,
-                weights_bytes=weights_bytes,
-                os_headroom_bytes=os_headroom_bytes,
-                request_tokens=request_tokens,
-                observed=observed,
-            ),
+
+    def on_node(parsed: ParsedCommand) -> BudgetReport:
+        return _check(
+            parsed,
+            node,
+            version=version,
+            geometry=geometry,
+            weights_bytes=weights_bytes,
+            os_headroom_bytes=os_headroom_bytes,
+            request_tokens=request_tokens,
+            observed=observed,
         )
+
+    report = on_node(flags)
+    if report.suggestion:
+        _settle_suggestion(report, lambda change: on_node(_with_change(flags, change)))
     return report
 
 

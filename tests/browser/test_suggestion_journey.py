@@ -13,7 +13,6 @@ import io
 import json
 import tarfile
 from pathlib import Path
-from typing import Any
 
 import pytest
 from django.urls import reverse
@@ -25,11 +24,12 @@ from nodes.models import Launch, ProfileRevision
 from nodes.services.model_facts import model_facts
 from nodes.services.profiles import evaluate, node_memory, save_revision
 from nodes.views.profiles import clone_to
-from nodes.workflows import discovery, launching
+from nodes.workflows import launching
 from simfleet.models import MODELS
 from tests.browser.test_node_journey import log_in
+from tests.browser.test_reuse_journey import ready_node
 from tests.cases import budget_with_change
-from tests.conftest import manage_py, register_sim_node
+from tests.conftest import manage_py
 from tests.factories import make_user
 from tests.fleet import wait_until
 
@@ -39,14 +39,6 @@ COMMAND = (
     f"python3 -m sglang.launch_server --model-path {LLAMA} --tp-size 8 "
     "--mem-fraction-static 0.93 --enable-hierarchical-cache --hicache-size 300"
 )
-
-
-def _ready(sim: Any) -> Any:
-    sim.reboot()
-    node = register_sim_node(sim)
-    discovery.discover(node.pk)
-    node.refresh_from_db()
-    return node
 
 
 def _budget_on(node, args: list[str], tmp: Path, model: str = "llama-3-70b") -> tuple[int, dict]:
@@ -69,7 +61,7 @@ def _budget_on(node, args: list[str], tmp: Path, model: str = "llama-3-70b") -> 
 def test_the_form_applies_the_complete_suggestion_and_it_saves(
     panel, page, sim_fleet, launch_workers, settings, tmp_path
 ):
-    node = _ready(sim_fleet["incident"])
+    node = ready_node(sim_fleet["incident"])
     make_user("olga", "operator")
     log_in(page, panel.url, "olga")
     page.goto(f"{panel.url}{reverse('nodes:profile-create')}")
@@ -105,7 +97,7 @@ def test_the_form_applies_the_complete_suggestion_and_it_saves(
 def test_a_failed_launch_offers_the_change_diagnose_json_offers_and_it_passes(
     panel, page, sim_fleet, launch_workers, settings, tmp_path
 ):
-    node = _ready(sim_fleet["incident"])
+    node = ready_node(sim_fleet["incident"])
     olga = make_user("olga", "operator")
     failed = launching.submit(
         node=node, command=COMMAND, actor=olga, overrides={"budget": "reproducing the incident"}
@@ -165,7 +157,7 @@ def test_a_failed_launch_offers_the_change_diagnose_json_offers_and_it_passes(
 
 
 def test_a_clones_proposal_passes_the_budget_on_its_target(sim_fleet, launch_workers, tmp_path):
-    big, small = _ready(sim_fleet["incident"]), _ready(sim_fleet["spare"])
+    big, small = ready_node(sim_fleet["incident"]), ready_node(sim_fleet["spare"])
     olga = make_user("olga", "operator")
     args = ["--model-path", LLAMA, "--tp-size", "2", "--enable-hierarchical-cache"]
     args += ["--hicache-size", "150"]
