@@ -31,7 +31,7 @@ def test_load_points_arrive_without_a_reload_and_stay_after_the_stop(
     page.goto(f"{panel.url}{reverse('nodes:launch-detail', args=[launch.pk])}")
     url = page.url
     requests = page.locator("figure[data-chart='Requests'] polyline").first
-    expect(requests).to_be_visible(timeout=30_000)
+    expect(requests).to_be_attached(timeout=30_000)
     first = len((requests.get_attribute("points") or "").split())
     # The follower reads /metrics at each health check (1 s here); the page polls its state.
     page.wait_for_function(

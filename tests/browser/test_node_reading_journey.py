@@ -55,11 +55,17 @@ def test_the_gpu_table_and_the_holders_show_the_same_fresh_reading(
         page.goto(f"{panel.url}{reverse('nodes:node-detail', args=[node.pk])}")
         holders = page.locator('#gpu-holders tr[data-gpu="0"]')
         expect(holders).to_contain_text(f"launch #{launch.pk}", timeout=30_000)
-        held = _gib(holders.locator("td").nth(2).inner_text())
+        held_text = holders.locator("td").nth(2).inner_text()
+        held = _gib(held_text)
         assert held > 1
         # The table above shows that same reading, without a reload.
+        # (The owners cell names the launch from its reservation already; what must change is
+        # the reading itself.)
         table = page.locator("#gpu-table tbody tr").first
-        expect(table.locator(".owners")).to_contain_text(f"#{launch.pk}", timeout=15_000)
+        expect(table.locator(".owners")).to_contain_text("ours:", timeout=15_000)
+        expect(table.locator(".gpu-memory")).to_contain_text(
+            re.compile(rf"^\s*{re.escape(USED.search(held_text)[1])} /"), timeout=15_000
+        )
         assert _gib(table.locator(".gpu-memory").inner_text()) == held
         expect(page.locator("#gpu-read-at")).to_contain_text("As read")
 
