@@ -1,4 +1,4 @@
-"""``python -m simfleet up|down|status|reboot|link|rekey|hold|release --state DIR``."""
+"""``python -m simfleet up|down|status|reboot|link|rekey|hold|release|load --state DIR``."""
 
 from __future__ import annotations
 
@@ -47,6 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     hold.add_argument("--gpu", type=int, required=True)
     hold.add_argument("--memory", required=True, help="With unit: 10GiB")
     command("release", "End the node's foreign GPU holds.").add_argument("name")
+    load = command("load", "Drive a bounded load at a server on the node; print a summary.")
+    load.add_argument("name")
+    load.add_argument("--port", type=int, required=True)
+    load.add_argument("--concurrency", type=int, required=True, help="Clients at once")
+    load.add_argument("--input-tokens", type=int, required=True, help="Per request")
+    load.add_argument("--output-tokens", type=int, required=True, help="Per request")
+    load.add_argument("--shared-prefix", type=float, default=0.0, help="Share of input, 0–1")
+    load.add_argument("--seconds", type=float, required=True, help="Then it stops by itself")
     return parser
 
 
@@ -106,6 +114,13 @@ def main(argv: list[str] | None = None) -> int:
             fleet.hold(args.name, args.gpu, parse_size(args.memory))
         elif args.command == "release":
             fleet.release(args.name)
+        elif args.command == "load":
+            summary = fleet.load(
+                args.name, args.port, concurrency=args.concurrency,
+                input_tokens=args.input_tokens, output_tokens=args.output_tokens,
+                shared_prefix=args.shared_prefix, seconds=args.seconds,
+            )  # fmt: skip
+            print(json.dumps(summary))
     except (FleetError, ValueError) as exc:
         print(f"simfleet: {exc}", file=sys.stderr)
         return 1

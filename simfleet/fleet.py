@@ -16,10 +16,12 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from simfleet import load as loading
 from simfleet import models
 from simfleet.spec import NodeSpec
 
@@ -389,6 +391,25 @@ class Fleet:
         holds = os.path.join(self.node_dir(name), "holds")
         before = set(os.listdir(holds))
         _wait(lambda: set(os.listdir(holds)) - before, 10, "the holding process did not start")
+
+    def load(self, name: str, port: int, **load: Any) -> dict[str, Any]:
+        """Drive a bounded load (``simfleet.load.drive``'s arguments) at the server on ``port``
+        of node ``name``, from inside the node's network namespace; its summary."""
+        loading.check(
+            load["concurrency"], load["input_tokens"], load["output_tokens"],
+            load.get("shared_prefix", 0.0), load["seconds"],
+        )  # fmt: skip
+        argv = [f"--port={port}"] + [f"--{k.replace('_', '-')}={v}" for k, v in load.items()]
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        done = subprocess.run(
+            ["nsenter", "-t", str(self.init_pid(name)), "-n", "--",
+             sys.executable, "-m", "simfleet.load", *argv],
+            capture_output=True, text=True, cwd=root, timeout=float(load["seconds"]) + 60,
+            env={**os.environ, "PYTHONPATH": root},
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise FleetError(f"the load on {name}:{port} failed: {done.stderr.strip()[-500:]}")
+        return dict(json.loads(done.stdout))
 
     def release(self, name: str) -> None:
         self.node_exec(name, [NODE_PYTHON, "-m", "simnode.hold", "--release"])

@@ -765,10 +765,17 @@ def watch(folder: str, interval: float, beat: float) -> None:
 
 
 def _oom_lines() -> list[str]:
-    try:
-        out = subprocess.run(["dmesg", "-T"], capture_output=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
+    # A node busy with a dying server can be slow to answer: one more, longer try before the
+    # snapshot goes without its kernel lines.
+    out = b""
+    for timeout in (10, 30):
+        try:
+            out = subprocess.run(["dmesg", "-T"], capture_output=True, timeout=timeout).stdout
+            break
+        except subprocess.TimeoutExpired:
+            continue
+        except (OSError, subprocess.SubprocessError):
+            return []
     lines = out.decode(errors="replace").splitlines()
     return [line for line in lines if any(w in line.lower() for w in OOM_WORDS)][-50:]
 

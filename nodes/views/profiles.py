@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import replace
@@ -17,7 +18,7 @@ from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from nodes.domain import remedy, revision_diff
+from nodes.domain import planner, remedy, revision_diff
 from nodes.domain.inventory import check_node_name
 from nodes.domain.redact import redact_args, redact_env
 from nodes.domain.sglang_flags import parse_command
@@ -26,6 +27,7 @@ from nodes.forms.profiles import ProfileForm, data_from_command
 from nodes.models import KnownGoodStamp, LaunchProfile, Node, ProfileRevision, Team
 from nodes.models.choices import Role
 from nodes.services import placement, teams
+from nodes.services import planner as plans
 from nodes.services.audit import record
 from nodes.services.model_facts import model_facts, model_of
 from nodes.services.profiles import (
@@ -176,12 +178,14 @@ def _checked(
     read_node: bool = True,
     wait: float = 0,
     profile_name: str | None = None,
+    workload: planner.Workload | None = None,
 ) -> dict[str, Any]:
     """The budget panel's context for a bound, valid form: the budget on the node as it would
     be for this revision's own launch (what saving checks), and apart from it whether it could
     start there now beside what runs (``now``: a placement ``Candidate`` or ``Refused``, as
-    ``user`` may read it). With ``read_node`` false nothing runs on the node (the model is read
-    from a pasted config.json only)."""
+    ``user`` may read it); with a ``workload``, the planner's settings for it (``plans``).
+    With ``read_node`` false nothing runs on the node (the model is read from a pasted
+    config.json only)."""
     node = form.cleaned_data["node"]
     data = form.cleaned_data
     model = model_facts(
@@ -206,7 +210,35 @@ def _checked(
         "command": command,
         "now": now,
         "suggest_metrics": not metrics.get("enable_metrics", default=False),
+        "plans": (
+            None
+            if workload is None
+            else plans.plan_for(node, form.args(), env, model, memory, workload)
+        ),
     }
+
+
+#: The planner's inputs on the budget panel (sent with the form; never saved).
+WORKLOAD_FIELDS = ("plan_input_tokens", "plan_output_tokens", "plan_concurrency")
+
+
+def _workload(post: Any) -> tuple[planner.Workload | None, str]:
+    """The workload the planner's inputs hold, or ``None`` and why (blank when they are)."""
+    texts = [str(post.get(name, "")).strip().replace(",", "") for name in WORKLOAD_FIELDS]
+    if not any(texts):
+        return None, ""
+    if not all(re.fullmatch(r"[0-9]{1,9}", t) for t in texts):
+        return None, "Give all three as whole numbers: tokens in, tokens out, requests at once."
+    try:
+        return planner.Workload(*(int(t) for t in texts)), ""
+    except ValueError as exc:
+        return None, f"The workload: {exc}."
+
+
+def _workload_context(post: Any) -> dict[str, Any]:
+    workload, error = _workload(post)
+    values = {name: str(post.get(name, ""))[:12] for name in WORKLOAD_FIELDS}
+    return {"workload": workload, "workload_error": error, "workload_values": values}
 
 
 def _with_suggestion(
@@ -227,22 +259,56 @@ def _with_suggestion(
     if not report.suggestion:
         messages.info(request, "The budget suggests no change for these flags now.")
         return form
+    return _applied(request, form, data, report.suggestion, "the suggested change")
+
+
+def _applied(
+    request: HtmxHttpRequest,
+    form: ProfileForm,
+    data: dict[str, Any],
+    change: dict[str, Any],
+    what: str,
+) -> ProfileForm:
+    """The form with ``change`` applied to its flags (nothing saved), or as it was with a
+    message where the change does not apply."""
+    node = form.cleaned_data["node"]
     try:
         args = remedy.with_changes(
-            form.args(), report.suggestion, table(node.sglang_version or DEFAULT_VERSION)
+            form.args(), change, table(node.sglang_version or DEFAULT_VERSION)
         )
     except ValueError as exc:
-        messages.error(request, f"The suggested change cannot be applied: {exc}")
+        messages.error(request, f"{what.capitalize()} cannot be applied: {exc}")
         return form
     command = shlex.join(["python3", "-m", "sglang.launch_server", *args])
     loaded, _ = data_from_command(command, data)
     loaded["env"] = data.get("env", "")
     messages.info(
         request,
-        f"Applied the suggested change: {remedy.describe(report.suggestion)}. Nothing is saved "
-        "until you save the revision.",
+        f"Applied {what}: {remedy.describe(change)}. Nothing is saved until you save the revision.",
     )
     return ProfileForm(loaded)
+
+
+def _with_plan(request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any]) -> ProfileForm:
+    """The form with the planner's chosen setting applied, if the planner offers it now."""
+    workload, error = _workload(request.POST)
+    try:
+        change = json.loads(request.POST.get("plan_change", ""))
+    except ValueError:
+        change = None
+    if not form.is_valid() or workload is None or not isinstance(change, dict):
+        messages.error(request, error or "No planned setting to apply; plan again.")
+        return form
+    node = form.cleaned_data["node"]
+    model = model_facts(
+        node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
+    )
+    memory = node_memory_for(node, form.cleaned_data.get("name") or None)
+    offered = plans.plan_for(node, form.args(), form.cleaned_data["env"], model, memory, workload)
+    if change not in [p.change for p in offered]:
+        messages.error(request, "The planner does not offer that setting now; plan again.")
+        return form
+    return _applied(request, form, data, change, "the planned setting")
 
 
 def _name_fixed(form: ProfileForm) -> None:
@@ -264,10 +330,18 @@ def profile_check(request: HtmxHttpRequest) -> HttpResponse:
     form = ProfileForm(data)
     text = request.POST.get("polls", "")
     polls = int(text) if re.fullmatch(r"[0-9]{1,4}", text) else 0
-    context: dict[str, Any] = {"form": form, "polls": polls + 1}
+    context: dict[str, Any] = {"form": form, "polls": polls + 1, **_workload_context(data)}
     if form.is_valid():
         operator = has_role(request.user, Role.OPERATOR)
-        context.update(_checked(form, request.user, read_node=operator, profile_name=name))
+        context.update(
+            _checked(
+                form,
+                request.user,
+                read_node=operator,
+                profile_name=name,
+                workload=context["workload"],
+            )
+        )
         # The panel asks again while the model is being read, for about a minute at most.
         context["stalled"] = context["model"].pending and polls >= MODEL_POLLS
     return render(request, "nodes/profile_form.html#budget-panel", context)
@@ -485,16 +559,23 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
             form.add_error("pasted_command", error)
     elif request.POST.get("action") == "apply":
         form = _with_suggestion(request, ProfileForm(data), data.dict())
+    elif request.POST.get("plan_change"):
+        form = _with_plan(request, ProfileForm(data), data.dict())
     else:
         form = ProfileForm(data)
     if profile is not None:
         _name_fixed(form)
         form.initial["name"] = profile.name
+    planning = _workload_context(request.POST)
+    context.update(planning)
     if form.is_valid():
         saving = request.POST.get("action") == "save"
         context.update(
             _checked(
-                form, request.user, wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS if saving else 0
+                form,
+                request.user,
+                wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS if saving else 0,
+                workload=planning["workload"],
             )
         )
         if saving and form.cleaned_data["pasted_command"].strip():

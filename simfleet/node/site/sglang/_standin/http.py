@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import random
+import select
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +17,7 @@ from typing import Any
 from simnode import state
 
 import sglang
+from sglang._standin.engine import Engine
 from sglang._standin.launch import Launch
 from sglang._standin.log import Log
 
@@ -29,7 +32,16 @@ def serve(
 ) -> None:
     host = str(launch.flag("host", default="127.0.0.1"))
     port = int(launch.flag("port", default=30000))  # type: ignore[call-overload]
-    handler = _handler(launch, ranks)
+    first = ranks[0]
+    engine = Engine(
+        pool_tokens=int(first["max_total_num_tokens"]),
+        max_running=int(first["max_running_requests"]),
+        max_prefill_tokens=int(first["max_prefill_tokens"]),
+        host_tokens=int(first.get("host_tokens", 0)),
+        speed=launch.speed,
+        log=log,
+    )
+    handler = _handler(launch, ranks, engine)
     try:
         server = ThreadingHTTPServer((host, port), handler)
     except OSError as exc:
@@ -105,7 +117,9 @@ def _watch(launch: Launch, log: Log) -> None:
                 os.kill(os.getpid(), signal.SIGQUIT)
 
 
-def _handler(launch: Launch, ranks: list[dict[str, Any]]) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    launch: Launch, ranks: list[dict[str, Any]], engine: Engine
+) -> type[BaseHTTPRequestHandler]:
     version = launch.version
     model_path = str(launch.ns.model_path)
     served = str(launch.flag("served_model_name") or model_path)
@@ -141,16 +155,10 @@ def _handler(launch: Launch, ranks: list[dict[str, Any]]) -> type[BaseHTTPReques
 
     def metrics() -> str:
         lines = []
+        now = engine.gauges()  # TP ranks step together: each reports the same batch
         for rank, info in enumerate(ranks):
             labels = f'model_name="{served}",engine_type="unified",tp_rank="{rank}",pp_rank="0"'
-            gauges = {
-                "num_running_reqs": 0,
-                "num_queue_reqs": 0,
-                "num_used_tokens": 0,
-                "token_usage": 0.0,
-                "gen_throughput": 0.0,
-                "cache_hit_rate": 0.0,
-            }
+            gauges: dict[str, float] = dict(now)
             if version >= (0, 5, 9):
                 gauges["max_total_num_tokens"] = info["max_total_num_tokens"]
             for name, value in gauges.items():
@@ -223,9 +231,15 @@ def _handler(launch: Launch, ranks: list[dict[str, Any]]) -> type[BaseHTTPReques
 
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
-            self.rfile.read(length)
+            try:
+                body = json.loads(self.rfile.read(length) or b"{}")
+            except ValueError:
+                body = {}
+            body = body if isinstance(body, dict) else {}
             if not self._authorised():
                 self._send(401, json.dumps({"error": "Unauthorized"}))
+            elif self.path == "/generate" and body.get("input_ids"):
+                self._generate(body)
             elif self.path in ("/generate", "/v1/completions"):
                 self._json(
                     {
@@ -238,7 +252,53 @@ def _handler(launch: Launch, ranks: list[dict[str, Any]]) -> type[BaseHTTPReques
             else:
                 self._send(404, json.dumps({"detail": "Not Found"}))
 
+        def _generate(self, body: dict[str, Any]) -> None:
+            """Token ids in, through the scheduler's queue; the answer once every token is out,
+            or an abort when the client goes away (SGLang aborts a disconnected request)."""
+            ids = body["input_ids"]
+            params = body.get("sampling_params") or {}
+            limit = int(ranks[0]["max_req_input_len"])
+            if not isinstance(ids, list) or not all(isinstance(t, int) for t in ids):
+                message = "input_ids must be a list of ints"
+                self._send(400, json.dumps({"error": {"message": message}}))
+                return
+            if len(ids) > limit:
+                message = (
+                    f"The input ({len(ids)} tokens) is longer than the model's context length "
+                    f"({limit} tokens)."
+                )
+                self._send(400, json.dumps({"error": {"message": message}}))
+                return
+            request = engine.submit(ids, int(params.get("max_new_tokens", 128)))
+            while not request.done.wait(0.2):
+                if _gone(self.connection):
+                    engine.abort(request)
+                    return
+            if request.aborted:
+                return
+            self._json(
+                {
+                    "text": "",
+                    "meta_info": {
+                        "prompt_tokens": request.input_len,
+                        "completion_tokens": request.generated,
+                        "cached_tokens": request.cached_tokens,
+                    },
+                }
+            )
+
     return Handler
+
+
+def _gone(connection: socket.socket) -> bool:
+    """The client closed its end: the socket reads as end-of-file."""
+    readable, _, _ = select.select([connection], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return connection.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _ranks_alive(launch: Launch) -> bool:

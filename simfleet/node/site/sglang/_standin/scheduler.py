@@ -243,7 +243,10 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
         "kv_gib": round(kv / GiB, 2),
         "graph_gib": round(graph / GiB, 2),
         "host_bytes": host,
+        "host_tokens": host // cell if cell else 0,
         "context_len": context_len,
+        "max_running_requests": int(launch.flag("max_running_requests") or min(4096, tokens // 2)),
+        "max_prefill_tokens": int(launch.flag("max_prefill_tokens", default=16384)),
     }
 
 

@@ -1,0 +1,54 @@
+"""The profile form's planner: the settings that reach a workload on the form's node, each
+checked by the budget as saving would check it (``domain.planner``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodes.domain import planner, remedy
+from nodes.domain.budget_device import default_mem_fraction, parallel_of
+from nodes.domain.budget_types import NodeMemory
+from nodes.domain.capacity import Checked
+from nodes.domain.sglang_flags import parse_command
+from nodes.flag_tables import DEFAULT_VERSION, table
+from nodes.models import Node
+from nodes.services.model_facts import ModelFacts
+from nodes.services.profiles import evaluate
+
+
+def plan_for(
+    node: Node,
+    args: list[str],
+    env: dict[str, str],
+    model: ModelFacts,
+    memory: NodeMemory,
+    workload: planner.Workload,
+) -> list[planner.Plan]:
+    """``domain.planner.plan`` for the revision ``args`` on ``node`` (its memory as
+    ``memory``, the model as ``model``)."""
+    flags_table = table(node.sglang_version or DEFAULT_VERSION)
+    flags = parse_command(args, flags_table)
+    parallel = parallel_of(flags)
+    given = flags.get("mem_fraction_static")
+    gpu_bytes = max(memory.gpu_memory_bytes, default=0)
+    if given is not None:
+        mfs: float | None = float(given)
+    else:  # SGLang's default for the card, as the budget takes it
+        mfs = default_mem_fraction(gpu_bytes, parallel.tp, parallel.pp) if gpu_bytes else None
+
+    def check(change: dict[str, Any]) -> Checked:
+        try:
+            changed = remedy.with_changes(args, change, flags_table)
+        except ValueError:
+            return Checked("block", None)
+        report = evaluate(changed, node, model, env=env, memory=memory)
+        warnings = tuple(m.text for m in report.messages if m.level == "warn")
+        return Checked(report.verdict, report.device_kv_tokens_per_rank, warnings)
+
+    changes = planner.changes_to_try(
+        mfs=mfs,
+        kv_dtype=parallel.dtype,
+        tp=parallel.tp,
+        gpus=len(memory.gpu_memory_bytes) or parallel.tp,
+    )
+    return planner.plan(workload, changes, check)

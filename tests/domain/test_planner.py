@@ -1,0 +1,67 @@
+"""The planner's choice (issue 20, item 4): least change that reaches the target first, none
+that the budget blocks, and an answer saying how far the best falls short."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.domain.capacity import Checked
+from nodes.domain.planner import Workload, changes_to_try, plan
+
+
+def _pools(table: dict[str, tuple[str, int]]):
+    def check(change: dict) -> Checked:
+        verdict, pool = table.get(repr(sorted(change.items())), ("block", 0))
+        return Checked(verdict, pool or None, ("graph risk",) if verdict == "warn" else ())
+
+    return check
+
+
+def _key(**change) -> str:
+    return repr(sorted({f"--{k.replace('_', '-')}": v for k, v in change.items()}.items()))
+
+
+def test_the_least_change_that_reaches_the_target_comes_first():
+    check = _pools({
+        _key(): ("ok", 116_000),
+        _key(mem_fraction_static=0.86): ("ok", 123_000),
+        _key(mem_fraction_static=0.87): ("ok", 131_000),
+        _key(mem_fraction_static=0.88): ("warn", 139_000),
+        _key(kv_cache_dtype="fp8_e5m2"): ("ok", 232_000),
+    })  # fmt: skip
+    changes = [{}] + [{"--mem-fraction-static": x} for x in (0.86, 0.87, 0.88)]
+    changes.append({"--kv-cache-dtype": "fp8_e5m2"})
+    found = plan(Workload(4000, 400, 29), changes, check)
+    first = found[0]
+    assert first.reaches and first.change == {"--mem-fraction-static": 0.87}
+    assert first.requests_that_fit == 131_000 // 4400
+    assert "4,400 tokens a request" in first.why
+    # The as-is row is shown and falls short; blocked settings are never shown.
+    as_is = next(p for p in found if p.change == {})
+    assert not as_is.reaches and "short of 29" in as_is.why
+
+
+def test_when_nothing_reaches_it_the_best_is_first_and_says_so():
+    check = _pools({_key(): ("ok", 116_000), _key(kv_cache_dtype="fp8_e5m2"): ("warn", 232_000)})
+    found = plan(Workload(4000, 400, 150), [{}, {"--kv-cache-dtype": "fp8_e5m2"}], check)
+    assert [p.reaches for p in found] == [False, False]
+    assert found[0].change == {"--kv-cache-dtype": "fp8_e5m2"} and found[0].requests_that_fit == 52
+    assert "graph risk" in found[0].why
+
+
+def test_the_changes_weighed_never_include_a_host_pool():
+    changes = changes_to_try(mfs=0.85, kv_dtype="auto", tp=2, gpus=8)
+    assert changes[0] == {}
+    assert {"--tp-size": 4} in changes and {"--tp-size": 8} in changes
+    assert {"--mem-fraction-static": 0.95} in changes and {
+        "--mem-fraction-static": 0.96
+    } not in changes
+    assert not any("--hicache-size" in c or "--enable-hierarchical-cache" in c for c in changes)
+    assert not any("--kv-cache-dtype" in c for c in changes_to_try(
+        mfs=None, kv_dtype="fp8_e4m3", tp=1, gpus=1))  # fmt: skip
+
+
+@pytest.mark.parametrize("args", [(0, 10, 1), (10, 10, 0), (10, -1, 1), (10**8, 1, 1)])
+def test_a_workload_out_of_bounds_is_refused(args):
+    with pytest.raises(ValueError):
+        Workload(*args)
