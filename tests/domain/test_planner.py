@@ -29,7 +29,7 @@ def test_the_least_change_that_reaches_the_target_comes_first():
         _key(mem_fraction_static=0.88): ("warn", 139_000),
         _key(kv_cache_dtype="fp8_e5m2"): ("ok", 232_000),
     })  # fmt: skip
-    changes = [{}] + [{"--mem-fraction-static": x} for x in (0.86, 0.87, 0.88)]
+    changes: list[dict] = [{}] + [{"--mem-fraction-static": x} for x in (0.86, 0.87, 0.88)]
     changes.append({"--kv-cache-dtype": "fp8_e5m2"})
     found = plan(Workload(4000, 400, 29), changes, check)
     first = found[0]

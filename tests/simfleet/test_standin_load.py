@@ -26,7 +26,7 @@ def _load(node, *extra: str, seconds: float = 6) -> dict:
         capture_output=True, text=True, timeout=seconds + 60,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
+    return dict(json.loads(done.stdout))
 
 
 def _gauges(node) -> dict[str, float]:
