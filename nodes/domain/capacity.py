@@ -263,6 +263,10 @@ class Checked:
     verdict: str
     pool_tokens: int | None
     warnings: tuple[str, ...] = ()
+    #: The node's host budget for pinned pools (bytes) and the ranks on the node, where the
+    #: budget computed them (it does for a revision with HiCache).
+    host_budget_bytes: int | None = None
+    ranks_per_node: int | None = None
 
 
 #: The highest --mem-fraction-static offered (SGLang keeps the rest for activations and graphs).
@@ -282,9 +286,12 @@ def options(
     """What would lift a KV-bound server, each checked by ``recheck`` (the budget of the
     revision with the change, on the launch's node) before it is offered, and none that the
     check blocks: the highest ``--mem-fraction-static`` it passes (ok before warn), and an fp8
-    KV cache. The device pool after a change is the measured pool scaled by the budget's own
-    estimates (after ÷ now), so an estimate's error cancels. ``[]`` for other bottlenecks: a
-    larger pool does not lift them."""
+    KV cache; and, where prefixes are shared, a host pool that fits (``_host_pool_option``).
+    The device pool after a change is the measured pool scaled by the budget's own estimates
+    (after ÷ now), so an estimate's error cancels. For a prefill-bound server only the host
+    pool; ``[]`` for other bottlenecks: a larger pool does not lift them."""
+    if capacity.bottleneck == "prefill-bound":
+        return _host_pool_option(capacity, server, recheck)
     if capacity.bottleneck != "kv-bound" or not server.pool_tokens:
         return []
     now = recheck({})
@@ -305,7 +312,49 @@ def options(
         found += _option(capacity, server, {"--kv-cache-dtype": FP8_KV}, checked, now,
                          "an fp8 KV cache holds twice the tokens in the same memory; fp8 KV can "
                          "cost some accuracy (check the model's evals)")  # fmt: skip
-    return found
+    return found + _host_pool_option(capacity, server, recheck)
+
+
+#: A prefix hit rate from which shared prefixes are worth keeping in host memory.
+SHARED_PREFIX_HITS = 0.2
+#: The share of the node's host budget a suggested host pool may take (the rest stays free).
+HOST_SHARE = 0.5
+GB = 10**9
+
+
+def _host_pool_option(
+    capacity: Capacity, server: Server, recheck: Callable[[dict[str, Any]], Checked]
+) -> list[Option]:
+    """HiCache only where it helps: the server is bound by its pool or by prefill, shares
+    prefixes (measured hit rate ≥ ``SHARED_PREFIX_HITS``) and has no host pool yet. Sized per
+    rank to ``HOST_SHARE`` of the node's host budget over its ranks (``--hicache-size`` is per
+    rank), smaller until the budget passes it. It saves prefill on prefixes the device had to
+    evict; it does not raise the requests running at once, and says so."""
+    hits = capacity.figures.get("cache_hit_rate") or 0.0
+    if server.hicache or hits < SHARED_PREFIX_HITS or not capacity.figures.get("running"):
+        return []
+    if capacity.bottleneck not in ("kv-bound", "prefill-bound"):
+        return []
+    probe = recheck({"--enable-hierarchical-cache": True, "--hicache-size": 1})
+    if not probe.host_budget_bytes or not probe.ranks_per_node:
+        return []
+    size = math.floor(HOST_SHARE * probe.host_budget_bytes / probe.ranks_per_node / GB)
+    while size >= 1:
+        change = {"--enable-hierarchical-cache": True, "--hicache-size": size}
+        checked = recheck(change)
+        if checked.verdict != "block":
+            running = round(capacity.figures["running"])
+            why = (
+                f"a prefix hit rate of {hits:.0%} says requests share prefixes: a host pool of "
+                f"{size} GB per rank × {probe.ranks_per_node} ranks = "
+                f"{size * probe.ranks_per_node} GB (within the node's host budget of "
+                f"{probe.host_budget_bytes / GB:,.0f} GB) keeps prefixes the device evicts, to "
+                "be loaded back instead of computed again; it saves prefill, it does not raise "
+                f"the {running} requests running at once (their KV stays in the device pool)"
+            )
+            return [Option(change, checked.verdict, running, 1.0, why)]
+        size = size * 3 // 4 if size > 1 else 0
+    return []
 
 
 def _option(

@@ -122,7 +122,13 @@ def _rechecker(launch: Launch) -> Any:
             return capacity.Checked("block", None)
         report = evaluate(args, node, model_of(node, args, wait=0), env=env, memory=memory)
         warnings = tuple(m.text for m in report.messages if m.level == "warn")
-        return capacity.Checked(report.verdict, report.device_kv_tokens_per_rank, warnings)
+        return capacity.Checked(
+            report.verdict,
+            report.device_kv_tokens_per_rank,
+            warnings,
+            host_budget_bytes=report.host_budget_bytes,
+            ranks_per_node=report.ranks_per_node,
+        )
 
     return recheck
 

@@ -134,12 +134,6 @@ def change_text(changes: Any) -> str:
 
 
 @register.filter
-def json_text(value: Any) -> str:
-    """``value`` as JSON, keys sorted (for a form value the view parses back)."""
-    return json.dumps(value, sort_keys=True)
-
-
-@register.filter
 def gpu_use(gpus: Any) -> str:
     """A node's GPUs as last read, in one phrase: ``3 of 8 in use, 301.5 of 1,128 GiB``;
     "not read" before any reading."""

@@ -137,3 +137,28 @@ def test_the_launch_page_names_the_bottleneck_and_an_option_saves_a_checked_revi
     revision = ProfileRevision.objects.get(number=2)
     assert revision.args[-2:] == ["--kv-cache-dtype", "fp8_e5m2"] and revision.verdict != "block"
     assert saved.status_code == 302 and "/launches/new/" in saved["Location"]
+
+
+def _with_hits(launch: Launch, rate: float) -> Launch:
+    launch.metrics_series = [{**s, "cache_hit_rate": rate} for s in launch.metrics_series]
+    launch.save(update_fields=["metrics_series"])
+    return launch
+
+
+@pytest.mark.django_db
+def test_unique_prompts_get_no_host_pool_and_shared_prefixes_one_that_fits(tmp_path):
+    unique = capacity.capacity_of(_with_hits(_incident(), 0.01))
+    assert not any("--enable-hierarchical-cache" in o["change"] for o in unique["options"])
+
+    launch = _with_hits(Launch.objects.get(), 0.62)
+    found = capacity.capacity_of(launch)
+    assert found["figures"]["cache_hit_rate"] == 0.62
+    [host] = [o for o in found["options"] if "--enable-hierarchical-cache" in o["change"]]
+    size = host["change"]["--hicache-size"]
+    # Per rank, 8 ranks: all of them together within the node's host memory, never 300 each.
+    assert size >= 1 and size * 8 * GB < launch.node.mem_available_bytes
+    assert "62%" in host["why"] and "does not raise" in host["why"]
+    assert host["expected_running_requests"] == round(found["figures"]["running"])
+    assert host["expected_throughput_change"] == 1.0
+    status, report = budget_with_change(_facts(launch), host["change"], tmp_path)
+    assert status == 0 and report["verdict"] in ("ok", "warn"), report["messages"]
