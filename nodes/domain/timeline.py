@@ -47,6 +47,33 @@ def append(samples: Sequence[Mapping[str, Any]], new: Mapping[str, Any]) -> list
     return out
 
 
+#: A server's load is kept at the follower's pace for its latest hour (one sample per
+#: ``RECENT_S / RECENT_SAMPLES`` seconds at most), and thinned to ``MAX_SAMPLES`` before that,
+#: so a bottleneck's 30 s pattern reads the same after a day as after a minute.
+RECENT_S = 3600.0
+RECENT_SAMPLES = 720
+
+
+def append_load(
+    samples: Sequence[Mapping[str, Any]], new: Mapping[str, Any]
+) -> list[dict[str, Any]]:
+    """``samples`` (load samples, oldest first, each with ``t`` in s) with ``new`` last: the
+    latest hour kept one per ``RECENT_S / RECENT_SAMPLES`` s (a closer sample replaces the
+    latest), what is older halved whenever it passes ``MAX_SAMPLES``."""
+    t = float(new.get("t") or 0)
+    out = [dict(s) for s in samples]
+    old = [s for s in out if t - float(s.get("t") or 0) > RECENT_S]
+    recent = out[len(old) :]
+    spacing = RECENT_S / RECENT_SAMPLES
+    if len(recent) >= 2 and t - float(recent[-2].get("t") or 0) < spacing:
+        recent[-1] = dict(new)
+    else:
+        recent.append(dict(new))
+    if len(old) > MAX_SAMPLES:
+        old = old[:1] + old[1:][1::2]
+    return old + recent
+
+
 def lowest_available(samples: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
     """The sample with the least MemAvailable (where host memory collapsed), if any."""
     known = [s for s in samples if isinstance(s.get("host_available_bytes"), int)]
@@ -236,14 +263,17 @@ LOAD_CHARTS: tuple[tuple[str, tuple[tuple[str, str], ...], float | None, str], .
 )
 
 
-def load_charts(series: Sequence[Mapping[str, Any]]) -> list[Chart]:
-    """The server's load over its life (``Launch.metrics_series``) as charts like the memory
-    ones: usage and hit rate from 0 to 100 %, requests and throughput from 0 to their highest;
-    a chart whose figures the server never gave is left out. ``[]`` with fewer than two
-    samples."""
+def load_charts(series: Sequence[Mapping[str, Any]], since: float = 0.0) -> list[Chart]:
+    """The server's load (``Launch.metrics_series``) from ``since`` (s into the launch) to its
+    latest sample, as charts like the memory ones: usage and hit rate from 0 to 100 %,
+    requests and throughput from 0 to their highest; a chart whose figures the server never
+    gave is left out. ``[]`` with fewer than two samples in the window."""
+    series = [s for s in series if float(s.get("t") or 0) >= since]
     if len(series) < 2:
         return []
-    end = max(float(s.get("t") or 0) for s in series) or 1.0
+    start = since
+    end = max(float(s.get("t") or 0) for s in series)
+    span = (end - start) or 1.0
     found = []
     for title, figures, top, kind in LOAD_CHARTS:
         lines = []
@@ -262,7 +292,8 @@ def load_charts(series: Sequence[Mapping[str, Any]]) -> list[Chart]:
             Series(
                 label,
                 " ".join(
-                    f"{t / end * WIDTH:.1f},{HEIGHT - min(v, highest) / highest * HEIGHT:.1f}"
+                    f"{(t - start) / span * WIDTH:.1f},"
+                    f"{HEIGHT - min(v, highest) / highest * HEIGHT:.1f}"
                     for t, v in pts
                 ),
                 0,
@@ -271,8 +302,8 @@ def load_charts(series: Sequence[Mapping[str, Any]]) -> list[Chart]:
             for label, pts in lines
         ]
         y_ticks = [Tick(_said(highest * f, kind), f * 100) for f in (0, 0.5, 1)]
-        x_ticks = [Tick(f"{end * f:,.0f} s", f * 100) for f in (0, 0.5, 1)]
-        found.append(Chart(title, 0, end, drawn, "", y_ticks=y_ticks, x_ticks=x_ticks))
+        x_ticks = [Tick(f"{start + span * f:,.0f} s", f * 100) for f in (0, 0.5, 1)]
+        found.append(Chart(title, 0, span, drawn, "", y_ticks=y_ticks, x_ticks=x_ticks))
     return found
 
 

@@ -246,8 +246,20 @@ def _state_context(launch: Launch) -> dict[str, Any]:
             {g.index: g.memory_total_bytes for g in launch.node.gpus.all()},
             _chart_events(launch, diagnosis),
         ),
-        "load_charts": timeline.load_charts(launch.metrics_series or []),
+        **_load_charts(launch.metrics_series or []),
         "bottleneck": capacity.bottleneck_of(launch) if launch.metrics_series else None,
+    }
+
+
+def _load_charts(series: list[dict[str, Any]]) -> dict[str, Any]:
+    """The load plots: the latest hour, and for a launch older than that its whole life too
+    (thinned as it was stored)."""
+    end = max((float(s.get("t") or 0) for s in series), default=0.0)
+    if end <= timeline.RECENT_S:
+        return {"load_charts": timeline.load_charts(series), "life_charts": []}
+    return {
+        "load_charts": timeline.load_charts(series, since=end - timeline.RECENT_S),
+        "life_charts": timeline.load_charts(series),
     }
 
 

@@ -518,7 +518,7 @@ class Follower:
                 began = launch.started or launch.created
                 t = (fields["health_at"] - began).total_seconds()
                 # The series the capacity advisor reads (bounded; the first and latest stay).
-                fields["metrics_series"] = timeline.append(
+                fields["metrics_series"] = timeline.append_load(
                     launch.metrics_series or [], {"t": round(t, 1), **metrics}
                 )
             Launch.objects.filter(pk=launch.pk).update(**fields)

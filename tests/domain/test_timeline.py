@@ -108,3 +108,27 @@ def test_the_load_over_a_launchs_life_is_drawn_from_its_series():
     assert requests.y_ticks[-1].label == "98"  # the axis tops at the highest figure
     assert throughput.series[0].peak_text == "tokens/s: peak 500 tokens/s"
     assert timeline.load_charts(series[:1]) == []
+
+
+def test_hours_of_load_keep_its_last_hour_at_the_followers_pace_and_thins_the_rest():
+    series: list[dict] = []
+    for second in range(0, 3 * 3600, 2):  # a sample every 2 s for three hours
+        series = timeline.append_load(series, {"t": float(second), "num_running_reqs": 1})
+    times = [s["t"] for s in series]
+    recent = [t for t in times if t >= times[-1] - timeline.RECENT_S]
+    # The last hour: one sample per 5 s at most, none missing for longer than that.
+    assert len(recent) >= timeline.RECENT_SAMPLES - 1
+    assert max(b - a for a, b in zip(recent, recent[1:], strict=False)) <= 6
+    older = times[: len(times) - len(recent)]
+    assert older[0] == 0.0 and len(older) <= timeline.MAX_SAMPLES + 1
+    assert times == sorted(times)
+
+
+def test_the_last_hour_is_drawn_from_its_start_and_the_whole_life_from_zero():
+    series = [{"t": float(t), "num_running_reqs": t % 7} for t in range(0, 7200, 10)]
+    hour = timeline.load_charts(series, since=3600.0)[0]
+    life = timeline.load_charts(series)[0]
+    assert [t.label for t in hour.x_ticks] == ["3,600 s", "5,395 s", "7,190 s"]
+    assert life.x_ticks[0].label == "0 s"
+    first_x = float(hour.series[0].points.split()[0].split(",")[0])
+    assert first_x == 0.0 and len(hour.series[0].points.split()) == 360
