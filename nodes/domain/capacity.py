@@ -201,6 +201,7 @@ def _figures(window: Sequence[Sample], server: Server) -> dict[str, float]:
         ("token_usage", [s.token_usage for s in window]),
         ("gen_throughput", [s.gen_throughput for s in window]),
         ("cache_hit_rate", [s.cache_hit_rate for s in window]),
+        ("ttft_s", [s.ttft_s for s in window]),
     ):
         if (value := mean(values)) is not None:
             figures[key] = round(value, 3)

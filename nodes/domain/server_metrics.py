@@ -71,17 +71,60 @@ def effective_settings(body: bytes) -> dict[str, Any]:
     return kept
 
 
+#: Cumulative figures read with the gauges, for what they give over an interval
+#: (``load_sample``): time to first token (the histogram's sum and count, s) and, per finished
+#: request, prompt and generated tokens (shared/reference/sglang.md §5).
+COUNTERS = (
+    "time_to_first_token_seconds_sum",
+    "time_to_first_token_seconds_count",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "num_requests_total",
+)
+
+
+def load_sample(
+    previous: dict[str, Any] | None, figures: dict[str, float], t: float
+) -> dict[str, Any]:
+    """One stored load sample at ``t`` s: the gauges and counters of ``figures``
+    (``summarise_metrics``), and over the interval since ``previous`` (the last stored sample)
+    ``ttft_s`` (mean time to first token of the requests that got one, s) and
+    ``request_tokens`` (mean prompt + generated tokens of the requests that finished). A
+    counter that went back (the server restarted) gives no interval figure."""
+    sample: dict[str, Any] = {"t": round(t, 1), **figures}
+    if not previous:
+        return sample
+
+    def delta(name: str) -> float | None:
+        now, then = figures.get(name), previous.get(name)
+        if not isinstance(now, int | float) or not isinstance(then, int | float) or now < then:
+            return None
+        return float(now - then)
+
+    firsts, waited = (
+        delta("time_to_first_token_seconds_count"),
+        delta("time_to_first_token_seconds_sum"),
+    )
+    if firsts and waited is not None:
+        sample["ttft_s"] = round(waited / firsts, 3)
+    done = delta("num_requests_total")
+    prompt, generated = delta("prompt_tokens_total"), delta("generation_tokens_total")
+    if done and prompt is not None and generated is not None:
+        sample["request_tokens"] = round((prompt + generated) / done)
+    return sample
+
+
 def summarise_metrics(text: str) -> dict[str, float]:
     """Load figures from Prometheus text: ``token_usage`` (highest rank, fraction of the KV pool),
     ``num_running_reqs`` and ``num_queue_reqs`` (rank 0: every TP rank sees the same batch),
     ``gen_throughput`` (tokens/s, rank 0), ``cache_hit_rate`` (prefix hits, 0–1) and
-    ``num_retracted_reqs`` (rank 0) where the server exports them. Samples are read by
-    ``prometheus_client``'s parser; text it cannot read gives fewer figures (``{}`` for none),
-    never an exception."""
+    ``num_retracted_reqs`` (rank 0), and the ``COUNTERS``, where the server exports them.
+    Samples are read by ``prometheus_client``'s parser; text it cannot read gives fewer
+    figures (``{}`` for none), never an exception."""
     found: dict[str, list[tuple[str, float]]] = {}
     for sample in _samples(text):
         name = sample.name.removeprefix("sglang:")
-        if name == sample.name or name not in WANTED:
+        if name == sample.name or (name not in WANTED and name not in COUNTERS):
             continue
         rank = sample.labels.get("tp_rank", "")
         found.setdefault(name, []).append((rank if rank.isdigit() else "0", float(sample.value)))

@@ -260,6 +260,7 @@ LOAD_CHARTS: tuple[tuple[str, tuple[tuple[str, str], ...], float | None, str], .
     ),
     ("Generation throughput", (("gen_throughput", "tokens/s"),), None, "rate"),
     ("Prefix cache hit rate", (("cache_hit_rate", "hits"),), 1.0, "percent"),
+    ("Time to first token", (("ttft_s", "mean"),), None, "seconds"),
 )
 
 
@@ -312,4 +313,6 @@ def _said(value: float, kind: str) -> str:
         return f"{value * 100:.0f} %"
     if kind == "rate":
         return f"{value:,.0f} tokens/s"
+    if kind == "seconds":
+        return f"{value:,.2f} s"
     return f"{value:,.0f}"

@@ -31,7 +31,12 @@ from nodes.domain.redact import (
     masked_lines,
     secret_values,
 )
-from nodes.domain.server_metrics import ServerInfoError, effective_settings, summarise_metrics
+from nodes.domain.server_metrics import (
+    ServerInfoError,
+    effective_settings,
+    load_sample,
+    summarise_metrics,
+)
 from nodes.live import publish
 from nodes.models import (
     Launch,
@@ -518,8 +523,9 @@ class Follower:
                 began = launch.started or launch.created
                 t = (fields["health_at"] - began).total_seconds()
                 # The series the capacity advisor reads (bounded; the first and latest stay).
+                series = launch.metrics_series or []
                 fields["metrics_series"] = timeline.append_load(
-                    launch.metrics_series or [], {"t": round(t, 1), **metrics}
+                    series, load_sample(series[-1] if series else None, metrics, t)
                 )
             Launch.objects.filter(pk=launch.pk).update(**fields)
             launch.refresh_from_db()

@@ -121,3 +121,34 @@ def test_text_before_the_launcher_is_refused_not_dropped():
     for pasted in ("rm -rf /x && python3 -m sglang.launch_server --tp 2", "sudo sglang serve"):
         with pytest.raises(ValueError, match="before the launcher would not be run"):
             split_command(pasted)
+
+
+HISTOGRAM = """# TYPE sglang:time_to_first_token_seconds histogram
+sglang:time_to_first_token_seconds_bucket{{model_name="m",le="1.0"}} {count}
+sglang:time_to_first_token_seconds_bucket{{model_name="m",le="+Inf"}} {count}
+sglang:time_to_first_token_seconds_sum{{model_name="m"}} {total}
+sglang:time_to_first_token_seconds_count{{model_name="m"}} {count}
+# TYPE sglang:num_requests_total counter
+sglang:num_requests_total{{model_name="m"}} {done}
+# TYPE sglang:prompt_tokens_total counter
+sglang:prompt_tokens_total{{model_name="m"}} {prompt}
+# TYPE sglang:generation_tokens_total counter
+sglang:generation_tokens_total{{model_name="m"}} {made}
+"""
+
+
+def test_time_to_first_token_and_tokens_per_request_come_from_the_interval():
+    from nodes.domain.server_metrics import load_sample
+
+    first = summarise_metrics(HISTOGRAM.format(count=10, total=5.0, done=4, prompt=16000, made=800))
+    later = summarise_metrics(
+        HISTOGRAM.format(count=30, total=65.0, done=14, prompt=56000, made=2800)
+    )
+    previous = load_sample(None, first, 10.0)
+    assert "ttft_s" not in previous  # one reading is no interval
+    sample = load_sample(previous, later, 15.0)
+    # 20 first tokens took 60 s in all: 3 s each; 10 requests held 42,000 tokens: 4,200 each.
+    assert sample["ttft_s"] == 3.0 and sample["request_tokens"] == 4200
+    # A server that restarted (its counters went back) gives no interval figure.
+    again = load_sample(sample, first, 20.0)
+    assert "ttft_s" not in again and "request_tokens" not in again

@@ -68,6 +68,12 @@ def test_unique_prompts_fill_the_pool_and_queue_the_rest(server):
     # The load stopped by itself and dropped what was open; the server takes new work.
     assert summary["completed"] > 0 and summary["dropped"] > 0 and summary["errors"] == 0
     assert wait_until(lambda: _gauges(server)["num_running_reqs"] == 0, 10)
+    # The tokenizer manager's counters: every finished request, every first token.
+    after = _gauges(server)
+    assert after["num_requests_total"] == summary["completed"]
+    assert after["prompt_tokens_total"] == 4000 * summary["completed"]
+    assert after["time_to_first_token_seconds_count"] >= summary["completed"]
+    assert after["time_to_first_token_seconds_sum"] > 0
     lines = re.findall(
         r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: ([\d.]+), cuda graph: "
         r"True, gen throughput \(token/s\): ([\d.]+), #queue-req: (\d+),",

@@ -50,6 +50,7 @@ DECODE_PER_REQ_S = 0.0008
 PREFILL_BASE_S = 0.02
 PREFILL_TOKENS_PER_S = 40_000.0
 THROUGHPUT_WINDOW_S = 5.0
+TTFT_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
 
 
 def page_keys(input_ids: list[int]) -> list[bytes]:
@@ -103,6 +104,13 @@ class Engine:
         self.evictable: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.host: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.retracted_total = 0
+        # What SGLang's collector counts (srt/metrics/collector.py): time to first token (a
+        # histogram, simulated seconds) and, per finished request, its tokens.
+        self.ttft_bounds = TTFT_BUCKETS
+        self.ttft_buckets = [0] * len(TTFT_BUCKETS)
+        self.ttft_sum = 0.0
+        self.ttft_count = 0
+        self.prompt_tokens_total = self.generation_tokens_total = self.requests_total = 0
         self.input_total = self.hit_total = 0
         self.generated: collections.deque[tuple[float, int]] = collections.deque()
         self.steps = 0
@@ -147,6 +155,31 @@ class Engine:
                 ),
                 "num_retracted_reqs": self.retracted_total,
             }
+
+    def histograms(self) -> dict[str, tuple[list[tuple[float, int]], float, int]]:
+        """Histograms as ``{name: ([(upper bound, cumulative count)], sum, count)}``."""
+        with self.lock:
+            running, cumulative = 0, []
+            for bound, n in zip(self.ttft_bounds, self.ttft_buckets, strict=True):
+                running += n
+                cumulative.append((bound, running))
+            return {"time_to_first_token_seconds": (cumulative, self.ttft_sum, self.ttft_count)}
+
+    def counters(self) -> dict[str, int]:
+        with self.lock:
+            return {
+                "prompt_tokens_total": self.prompt_tokens_total,
+                "generation_tokens_total": self.generation_tokens_total,
+                "num_requests_total": self.requests_total,
+            }
+
+    def _count_ttft(self, seconds: float) -> None:
+        self.ttft_sum += seconds
+        self.ttft_count += 1
+        for index, bound in enumerate(self.ttft_bounds):
+            if seconds <= bound:
+                self.ttft_buckets[index] += 1
+                break
 
     # --- the pool ---------------------------------------------------------------------------
 
@@ -196,8 +229,11 @@ class Engine:
             if admitted:
                 time.sleep((PREFILL_BASE_S + extend / PREFILL_TOKENS_PER_S) / self.speed)
                 with self.lock:
+                    now = time.monotonic()
                     for request in admitted:
-                        request.first_token_at = request.first_token_at or time.monotonic()
+                        if request.first_token_at is None:
+                            request.first_token_at = now
+                            self._count_ttft((now - request.arrived) * self.speed)
             with self.lock:
                 batch = len(self.running)
                 if batch:
@@ -259,6 +295,9 @@ class Engine:
             if request.generated >= request.max_new_tokens:
                 self.running.remove(request)
                 self._free(request)
+                self.prompt_tokens_total += request.input_len
+                self.generation_tokens_total += request.generated
+                self.requests_total += 1
                 request.done.set()
         self.generated.append((time.monotonic(), len(self.running)))
         self.ratio = max(MIN_RATIO, self.ratio - (INIT_RATIO - MIN_RATIO) / DECAY_STEPS)

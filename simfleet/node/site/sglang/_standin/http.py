@@ -164,6 +164,20 @@ def _handler(
             for name, value in gauges.items():
                 lines.append(f"# TYPE sglang:{name} gauge")
                 lines.append(f"sglang:{name}{{{labels}}} {float(value)}")
+            if rank:
+                continue  # the tokenizer manager (one per server) counts requests
+            for name, total in engine.counters().items():
+                lines.append(f"# TYPE sglang:{name} counter")
+                lines.append(f"sglang:{name}{{{labels}}} {float(total)}")
+            for name, (buckets, total, count) in engine.histograms().items():
+                lines.append(f"# TYPE sglang:{name} histogram")
+                for bound, cumulative in buckets:
+                    lines.append(
+                        f'sglang:{name}_bucket{{{labels},le="{bound}"}} {float(cumulative)}'
+                    )
+                lines.append(f'sglang:{name}_bucket{{{labels},le="+Inf"}} {float(count)}')
+                lines.append(f"sglang:{name}_sum{{{labels}}} {total}")
+                lines.append(f"sglang:{name}_count{{{labels}}} {float(count)}")
         return "\n".join(lines) + "\n"
 
     class Handler(BaseHTTPRequestHandler):
