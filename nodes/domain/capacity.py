@@ -95,6 +95,9 @@ class Server:
     pool_tokens: int | None
     max_running_requests: int | None = None
     hicache: bool = False
+    #: Data-parallel replicas and the GPUs the server takes on its node (``None``: not said).
+    dp: int = 1
+    gpus: int | None = None
 
 
 @dataclass
@@ -283,6 +286,7 @@ def options(
     mfs: float | None,
     kv_dtype: str,
     recheck: Callable[[dict[str, Any]], Checked],
+    node_gpus: int | None = None,
 ) -> list[Option]:
     """What would lift a KV-bound server, each checked by ``recheck`` (the budget of the
     revision with the change, on the launch's node) before it is offered, and none that the
@@ -293,6 +297,8 @@ def options(
     pool; ``[]`` for other bottlenecks: a larger pool does not lift them."""
     if capacity.bottleneck == "prefill-bound":
         return _host_pool_option(capacity, server, recheck)
+    if capacity.bottleneck == "preemption":
+        return _admission_cap(capacity, server, recheck)
     if capacity.bottleneck != "kv-bound" or not server.pool_tokens:
         return []
     now = recheck({})
@@ -313,7 +319,57 @@ def options(
         found += _option(capacity, server, {"--kv-cache-dtype": FP8_KV}, checked, now,
                          "an fp8 KV cache holds twice the tokens in the same memory; fp8 KV can "
                          "cost some accuracy (check the model's evals)")  # fmt: skip
+    found += _replicas(capacity, server, now, recheck, node_gpus)
     return found + _host_pool_option(capacity, server, recheck)
+
+
+def _replicas(
+    capacity: Capacity,
+    server: Server,
+    now: Checked,
+    recheck: Callable[[dict[str, Any]], Checked],
+    node_gpus: int | None,
+) -> list[Option]:
+    """Twice the data-parallel replicas, where the node has the GPUs for them: each replica
+    has a device pool of its own, so the pool doubles (the launch form's placement then finds
+    GPUs free for it, here or on another node)."""
+    if not server.gpus or not node_gpus or server.gpus * 2 > node_gpus:
+        return []
+    change = {"--dp-size": server.dp * 2}
+    checked = recheck(change)
+    if checked.verdict == "block" or not checked.pool_tokens or not now.pool_tokens:
+        return []
+    # The budget's pool is per replica; the server's gauges count every replica's requests.
+    scaled = Checked(checked.verdict, checked.pool_tokens * 2, checked.warnings)
+    return _option(capacity, server, change, scaled, now,
+                   f"{server.dp * 2} data-parallel replicas on {server.gpus * 2} GPUs (the "
+                   "launch form finds where they are free): each keeps a device pool of its "
+                   "own")  # fmt: skip
+
+
+def _admission_cap(
+    capacity: Capacity, server: Server, recheck: Callable[[dict[str, Any]], Checked]
+) -> list[Option]:
+    """A retracting server admits more requests than its pool holds to their end: cap
+    ``--max-running-requests`` at the whole requests (measured prompt + generated tokens per
+    finished request) the pool holds, so none is retracted and prefilled again."""
+    whole = capacity.figures.get("whole_requests_that_fit")
+    limit = server.max_running_requests
+    if not whole or whole < 1 or (limit is not None and whole >= limit):
+        return []
+    change = {"--max-running-requests": int(whole)}
+    checked = recheck(change)
+    if checked.verdict == "block":
+        return []
+    running = capacity.figures.get("running", 0.0)
+    why = (
+        f"about {capacity.figures.get('tokens_per_whole_request', 0):,.0f} tokens a request at "
+        f"its end, so {int(whole)} fit the {server.pool_tokens or 0:,}-token pool whole; "
+        f"{running:.0f} run now and some are retracted, each prefilled again from its start. "
+        "Capping admission there keeps every admitted request to its end (throughput not "
+        "estimated: it gains the prefill retractions cost)"
+    )
+    return [Option(change, checked.verdict, int(whole), 1.0, why)]
 
 
 #: A prefix hit rate from which shared prefixes are worth keeping in host memory.

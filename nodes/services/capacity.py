@@ -19,10 +19,13 @@ from nodes.types import Actor
 
 def _server(launch: Launch) -> capacity.Server:
     info = launch.server_info if isinstance(launch.server_info, dict) else {}
+    dp = _whole(info.get("dp_size")) or 1
     return capacity.Server(
         pool_tokens=_whole(info.get("max_total_num_tokens")),
         max_running_requests=_whole(info.get("max_running_requests")),
         hicache=bool(info.get("enable_hierarchical_cache")),
+        dp=dp,
+        gpus=len(launch.gpus) if isinstance(launch.gpus, list) and launch.gpus else None,
     )
 
 
@@ -83,6 +86,7 @@ def capacity_of(launch: Launch) -> dict[str, Any]:
         mfs=float(mfs) if isinstance(mfs, int | float) and not isinstance(mfs, bool) else None,
         kv_dtype=str(info.get("kv_cache_dtype") or "auto"),
         recheck=_rechecker(launch),
+        node_gpus=launch.node.gpus.count(),
     )
     why = found.why
     if found.bottleneck == "kv-bound" and not offered:

@@ -148,3 +148,33 @@ def test_when_every_fraction_is_blocked_none_is_offered():
         return Checked("ok" if not change else "block", 100_000)
 
     assert options(capacity, INCIDENT, mfs=0.85, kv_dtype="fp8_e5m2", recheck=blocked) == []
+
+
+def test_a_server_on_half_a_node_is_offered_replicas_on_the_other_half():
+    capacity = Capacity(
+        "kv-bound", 60,
+        {"running": 50, "queued": 100, "avg_tokens_per_request": 2_000, "pool_tokens": 116_171},
+    )  # fmt: skip
+    half = Server(pool_tokens=116_171, gpus=4)
+    offered = options(capacity, half, mfs=0.85, kv_dtype="auto", recheck=_fake_budget, node_gpus=8)
+    [replicas] = [o for o in offered if "--dp-size" in o.change]
+    # Two replicas, each with the pool it has now: twice the tokens, all 150 that want to run.
+    assert replicas.change == {"--dp-size": 2} and replicas.expected_running_requests == 116
+    assert "8 GPUs" in replicas.why
+    whole = options(capacity, Server(116_171, gpus=8), mfs=0.85, kv_dtype="auto",
+                    recheck=_fake_budget, node_gpus=8)  # fmt: skip
+    assert not any("--dp-size" in o.change for o in whole)  # no GPUs left for a second one
+
+
+def test_a_retracting_server_is_offered_a_cap_at_the_requests_its_pool_holds_whole():
+    capacity = Capacity(
+        "preemption", 60,
+        {"running": 40, "queued": 0, "pool_tokens": 100_000, "tokens_per_whole_request": 4_000,
+         "whole_requests_that_fit": 25},
+    )  # fmt: skip
+    [cap] = options(capacity, Server(100_000), mfs=0.85, kv_dtype="auto", recheck=_fake_budget)
+    assert cap.change == {"--max-running-requests": 25} and cap.expected_running_requests == 25
+    assert "retracted" in cap.why and cap.verdict == "ok"
+    # Already capped there: nothing to offer.
+    capped = Server(100_000, max_running_requests=25)
+    assert options(capacity, capped, mfs=0.85, kv_dtype="auto", recheck=_fake_budget) == []
