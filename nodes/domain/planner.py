@@ -23,6 +23,8 @@ from nodes.domain.capacity import FP8_KV, MAX_MFS, Checked
 #: The planner's bounds on what an operator types (tokens per request; requests at once).
 MAX_TOKENS = 10_000_000
 MAX_CONCURRENCY = 100_000
+#: The planner's step of --mem-fraction-static (each costs one budget check).
+MFS_STEP = 0.02
 #: KV cache dtypes that hold two bytes a value (an fp8 cache holds twice the tokens).
 WIDE_KV = ("auto", "bfloat16", "float16", "bf16", "fp16", "")
 
@@ -66,11 +68,14 @@ class Plan:
 
 def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> list[dict[str, Any]]:
     """The changes the planner weighs, least change first: none; a higher
-    ``--mem-fraction-static`` (each step of 0.01 to ``MAX_MFS``); an fp8 KV cache (alone and
-    with the highest fraction); more GPUs for tensor parallelism (powers of two up to the
-    node's count)."""
+    ``--mem-fraction-static`` (steps of ``MFS_STEP`` up to ``MAX_MFS``, which is always
+    tried); an fp8 KV cache (alone and with each of those fractions); more GPUs for tensor
+    parallelism (powers of two up to the node's count)."""
     found: list[dict[str, Any]] = [{}]
-    steps = [] if mfs is None else range(round(mfs * 100) + 1, round(MAX_MFS * 100) + 1)
+    steps: list[int] = []
+    if mfs is not None and mfs < MAX_MFS:
+        top, step = round(MAX_MFS * 100), round(MFS_STEP * 100)
+        steps = list(range(round(mfs * 100) + step, top, step)) + [top]
     found += [{"--mem-fraction-static": step / 100} for step in steps]
     if kv_dtype in WIDE_KV:
         found.append({"--kv-cache-dtype": FP8_KV})
@@ -90,9 +95,13 @@ def plan(
     """Each change checked by ``check`` (the budget of the revision with it, on the node); the
     ones the budget blocks are dropped. Order: the first that reaches the target (least change:
     the order of ``changes``, a clean verdict before a warning), then for each kind of change
-    the one holding the most requests. ``[]`` when the budget blocks every one."""
+    (the same flags) the one holding the most requests. Once a kind reaches the target with a
+    clean verdict, its larger steps are not checked. ``[]`` when the budget blocks every one."""
     tried: list[Plan] = []
+    settled: set[frozenset[str]] = set()
     for change in changes:
+        if frozenset(change) in settled:
+            continue
         checked = check(change)
         if checked.verdict == "block" or not checked.pool_tokens:
             continue
@@ -106,6 +115,8 @@ def plan(
             + risk
         )
         tried.append(Plan(change, checked.verdict, checked.pool_tokens, fit, reaches, why))
+        if reaches and checked.verdict == "ok":
+            settled.add(frozenset(change))
     reaching = sorted(
         (p for p in tried if p.reaches), key=lambda p: p.verdict != "ok"
     )  # stable: least change first within a verdict
