@@ -72,7 +72,9 @@ class Sample:
             value = doc.get(key)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 return None
-            return float(value) if math.isfinite(value) else None
+            # Every figure here is a count, a share or a time: never negative, never huge.
+            ok = math.isfinite(value) and 0 <= value <= 1e15
+            return float(value) if ok else None
 
         return cls(
             t=number("t") or 0.0,

@@ -70,10 +70,11 @@ def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> l
     """The changes the planner weighs, least change first: none; a higher
     ``--mem-fraction-static`` (steps of ``MFS_STEP`` up to ``MAX_MFS``, which is always
     tried); an fp8 KV cache (alone and with each of those fractions); more GPUs for tensor
-    parallelism (powers of two up to the node's count)."""
+    parallelism (powers of two up to the node's count). A fraction outside (0, ``MAX_MFS``)
+    or a TP size below 1 (which the budget blocks anyway) adds no step of its own."""
     found: list[dict[str, Any]] = [{}]
     steps: list[int] = []
-    if mfs is not None and mfs < MAX_MFS:
+    if mfs is not None and math.isfinite(mfs) and 0 < mfs < MAX_MFS:
         top, step = round(MAX_MFS * 100), round(MFS_STEP * 100)
         steps = list(range(round(mfs * 100) + step, top, step)) + [top]
     found += [{"--mem-fraction-static": step / 100} for step in steps]
@@ -81,7 +82,7 @@ def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> l
         found.append({"--kv-cache-dtype": FP8_KV})
         found += [{"--kv-cache-dtype": FP8_KV, "--mem-fraction-static": s / 100} for s in steps]
     wider = tp * 2
-    while wider <= gpus:
+    while 2 <= wider <= gpus:
         found.append({"--tp-size": wider})
         wider *= 2
     return found

@@ -8,6 +8,7 @@ Sources: shared/reference/sglang.md §5 (``http_server.py``; gauges of ``metrics
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -71,6 +72,9 @@ def effective_settings(body: bytes) -> dict[str, Any]:
     return kept
 
 
+#: The largest figure taken from a server (beyond it a reading is nonsense, not a count).
+MAX_FIGURE = 1e15
+
 #: Cumulative figures read with the gauges, for what they give over an interval
 #: (``load_sample``): time to first token (the histogram's sum and count, s) and, per finished
 #: request, prompt and generated tokens (shared/reference/sglang.md §5).
@@ -126,8 +130,11 @@ def summarise_metrics(text: str) -> dict[str, float]:
         name = sample.name.removeprefix("sglang:")
         if name == sample.name or (name not in WANTED and name not in COUNTERS):
             continue
+        value = float(sample.value)
+        if not math.isfinite(value) or value < 0 or value > MAX_FIGURE:
+            continue  # no gauge or counter of SGLang's is negative, infinite or NaN
         rank = sample.labels.get("tp_rank", "")
-        found.setdefault(name, []).append((rank if rank.isdigit() else "0", float(sample.value)))
+        found.setdefault(name, []).append((rank if rank.isdigit() else "0", value))
     summary: dict[str, float] = {}
     for name, samples in found.items():
         if name == "token_usage":

@@ -3,6 +3,7 @@ checked by the budget as saving would check it (``domain.planner``)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from nodes.domain import planner, remedy
@@ -29,10 +30,12 @@ def plan_for(
     flags_table = table(node.sglang_version or DEFAULT_VERSION)
     flags = parse_command(args, flags_table)
     parallel = parallel_of(flags)
+    if not flags.values:
+        return []  # flags SGLang refuses: nothing to plan from
     given = flags.get("mem_fraction_static")
     gpu_bytes = max(memory.gpu_memory_bytes, default=0)
     if given is not None:
-        mfs: float | None = float(given)
+        mfs: float | None = float(given) if math.isfinite(float(given)) else None
     else:  # SGLang's default for the card, as the budget takes it
         mfs = default_mem_fraction(gpu_bytes, parallel.tp, parallel.pp) if gpu_bytes else None
 

@@ -292,8 +292,10 @@ def _applied(
 def _with_plan(request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any]) -> ProfileForm:
     """The form with the planner's chosen setting applied, if the planner offers it now."""
     workload, error = _workload(request.POST)
+    text = request.POST.get("plan_change", "")
     try:
-        change = json.loads(request.POST.get("plan_change", ""))
+        # An offered change is a few flags: a longer text is no offer (and no deep nesting).
+        change = json.loads(text) if len(text) <= 1000 else None
     except ValueError:
         change = None
     if not form.is_valid() or workload is None or not isinstance(change, dict):

@@ -178,3 +178,8 @@ def test_a_retracting_server_is_offered_a_cap_at_the_requests_its_pool_holds_who
     # Already capped there: nothing to offer.
     capped = Server(100_000, max_running_requests=25)
     assert options(capacity, capped, mfs=0.85, kv_dtype="auto", recheck=_fake_budget) == []
+
+
+def test_figures_no_server_gives_read_as_unknown():
+    doc = {"t": 5, "num_running_reqs": -3, "token_usage": 1e308, "request_tokens": float("inf")}
+    assert Sample.of(doc) == Sample(t=5.0)

@@ -65,3 +65,11 @@ def test_the_changes_weighed_never_include_a_host_pool():
 def test_a_workload_out_of_bounds_is_refused(args):
     with pytest.raises(ValueError):
         Workload(*args)
+
+
+@pytest.mark.parametrize(
+    ("mfs", "tp"), [(float("-inf"), 8), (float("nan"), 8), (-1e9, 8), (0.85, 0), (0.85, -4)]
+)
+def test_nonsense_flags_add_no_endless_or_huge_list_of_changes(mfs, tp):
+    changes = changes_to_try(mfs=mfs, kv_dtype="auto", tp=tp, gpus=8)
+    assert len(changes) <= 20 and changes[0] == {}

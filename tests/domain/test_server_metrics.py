@@ -152,3 +152,15 @@ def test_time_to_first_token_and_tokens_per_request_come_from_the_interval():
     # A server that restarted (its counters went back) gives no interval figure.
     again = load_sample(sample, first, 20.0)
     assert "ttft_s" not in again and "request_tokens" not in again
+
+
+@pytest.mark.parametrize("value", ["NaN", "+Inf", "-Inf", "-3", "1e308"])
+def test_figures_no_server_gives_are_left_out_and_sampling_goes_on(value):
+    from nodes.domain.server_metrics import load_sample
+
+    text = HISTOGRAM.format(count=value, total=value, done=value, prompt=value, made=value)
+    text += f'sglang:token_usage{{tp_rank="0"}} {value}\nsglang:num_running_reqs{{tp_rank="0"}} 4\n'
+    figures = summarise_metrics(text)
+    assert figures == {"num_running_reqs": 4.0}
+    later = load_sample(load_sample(None, figures, 1.0), figures, 6.0)
+    assert json.loads(json.dumps(later, allow_nan=False)) == later

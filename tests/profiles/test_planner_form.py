@@ -101,3 +101,20 @@ def test_a_bad_workload_gets_a_message_and_the_budget_still_shows(operator_clien
     body = response.content.decode()
     assert response.status_code == 200 and 'class="bad plan-error"' in body
     assert "The arithmetic" in body and '<table class="plans">' not in body
+
+
+@pytest.mark.parametrize("extra", ["--trust-remote-code --tp-size 0",
+                                   "--trust-remote-code --mem-fraction-static=-inf"])  # fmt: skip
+def test_nonsense_flags_are_planned_quickly_or_not_at_all(viewer_client, node, extra):
+    workload = {"plan_input_tokens": "4000", "plan_output_tokens": "400", "plan_concurrency": "28"}
+    data = {**_form(node, **workload), "extra_flags": extra}
+    response = viewer_client.post(reverse("nodes:profile-check"), data)
+    assert response.status_code == 200 and 'id="budget-panel"' in response.content.decode()
+
+
+def test_a_deeply_nested_planned_change_is_no_offer(operator_client, node):
+    workload = {"plan_input_tokens": "4000", "plan_output_tokens": "400", "plan_concurrency": "28"}
+    data = {**_form(node, **workload), "plan_change": "[" * 50_000}
+    page = operator_client.post(reverse("nodes:profile-create"), data)
+    assert page.status_code == 200 and "No planned setting to apply" in page.content.decode()
+    assert not LaunchProfile.objects.exists()
