@@ -554,7 +554,11 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
     data = request.POST.copy()
     if profile is not None:
         data["name"] = profile.name
-    if request.POST.get("action") == "load":
+    if request.POST.get("action") == "load" and not request.POST.get("pasted_command", "").strip():
+        # Enter in any box submits the form's first button: with nothing pasted, keep the fields.
+        form = ProfileForm(data)
+        messages.info(request, "Nothing pasted to load: the fields are as they were.")
+    elif request.POST.get("action") == "load":
         loaded, error = data_from_command(request.POST.get("pasted_command", ""), data.dict())
         form = ProfileForm(loaded)
         if error:

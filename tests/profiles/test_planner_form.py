@@ -118,3 +118,12 @@ def test_a_deeply_nested_planned_change_is_no_offer(operator_client, node):
     page = operator_client.post(reverse("nodes:profile-create"), data)
     assert page.status_code == 200 and "No planned setting to apply" in page.content.decode()
     assert not LaunchProfile.objects.exists()
+
+
+def test_enter_with_nothing_pasted_keeps_the_fields(operator_client, node):
+    data = {**_form(node, plan_input_tokens="4000"), "action": "load", "pasted_command": ""}
+    data["tp_size"] = "4"
+    body = operator_client.post(reverse("nodes:profile-create"), data).content.decode()
+    assert "Nothing pasted to load" in body
+    assert re.search(r'name="tp_size" value="4"', body) and KIMI in body
+    assert not LaunchProfile.objects.exists()
