@@ -22,6 +22,7 @@ MAX_SECONDS = 3600.0
 MAX_INPUT_TOKENS = 1_000_000
 MAX_OUTPUT_TOKENS = 100_000
 VOCAB = 150_000
+MAX_TOKENS_AT_ONCE = 20_000_000
 
 
 @dataclass
@@ -53,6 +54,11 @@ def check(
     ):
         if not low <= value <= high:
             raise ValueError(f"{name} must be between {low} and {high}, not {value}")
+    if concurrency * input_tokens > MAX_TOKENS_AT_ONCE:
+        raise ValueError(
+            f"--concurrency × --input-tokens must be at most {MAX_TOKENS_AT_ONCE:,} (the prompts "
+            f"held in memory at once), not {concurrency * input_tokens:,}"
+        )
 
 
 def drive(
@@ -90,7 +96,7 @@ def drive(
                 with tally.lock:
                     tally.dropped += 1
                 return
-            except OSError as exc:
+            except (OSError, http.client.HTTPException) as exc:
                 with tally.lock:
                     tally.errors += 1
                     tally.first_error = tally.first_error or str(exc)
@@ -103,7 +109,12 @@ def drive(
                     tally.errors += 1
                     tally.first_error = tally.first_error or answer.decode(errors="replace")[:300]
                     continue
-                meta = json.loads(answer).get("meta_info", {})
+                try:
+                    meta = dict(json.loads(answer).get("meta_info", {}))
+                except (ValueError, AttributeError, TypeError):
+                    tally.errors += 1
+                    tally.first_error = tally.first_error or "an answer that is not SGLang's JSON"
+                    continue
                 tally.completed += 1
                 tally.prompt_tokens += int(meta.get("prompt_tokens", 0))
                 tally.completion_tokens += int(meta.get("completion_tokens", 0))

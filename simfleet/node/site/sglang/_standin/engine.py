@@ -238,6 +238,8 @@ class Engine:
                 batch = len(self.running)
                 if batch:
                     self._decode()
+                elif not admitted:
+                    self.lock.wait(0.5)  # nothing runs and nothing fits: wait for a new request
             if batch:
                 time.sleep((DECODE_BASE_S + DECODE_PER_REQ_S * batch) / self.speed)
 
@@ -264,7 +266,10 @@ class Engine:
             evictable = PAGE * sum(1 for p in request.pages[:hits] if p in self.evictable)
             room = self._available() + PAGE * len(self.evictable) - evictable - reserved
             need = extend + request.remaining() * self.ratio
-            if need > room:
+            # With nothing running the estimate of what it will generate cannot free up: a
+            # request whose tokens so far fit the pool is admitted (retracted later if need be).
+            alone = not self.running and extend <= room
+            if need > room and not alone:
                 break
             if admitted and extend_total + extend > self.max_prefill:
                 break
@@ -327,7 +332,9 @@ class Engine:
         self.retracted_total += len(retracted)
         decoded = sum(r.generated for r in self.running)
         wanted = sum(r.max_new_tokens for r in self.running) or 1
-        self.ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / wanted)
+        self.ratio = max(
+            MIN_RATIO, min(1.0, (decoded + RETRACT_DECODE_STEPS * len(self.running)) / wanted)
+        )
         self.log(
             f"KV cache pool is full. Retract requests. #retracted_reqs: {len(retracted)}, "
             f"#new_token_ratio: {old:.4f} -> {self.ratio:.4f}"

@@ -21,6 +21,8 @@ from sglang._standin.engine import Engine
 from sglang._standin.launch import Launch
 from sglang._standin.log import Log
 
+MAX_BODY_BYTES = 64 * 2**20
+
 
 class _State:
     ready = False
@@ -244,10 +246,16 @@ def _handler(
                 self._send(404, json.dumps({"detail": "Not Found"}))
 
         def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
+            try:
+                length = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                length = -1
+            if not 0 <= length <= MAX_BODY_BYTES:
+                self._send(413, json.dumps({"error": {"message": "request body too large"}}))
+                return
             try:
                 body = json.loads(self.rfile.read(length) or b"{}")
-            except ValueError:
+            except (ValueError, RecursionError):
                 body = {}
             body = body if isinstance(body, dict) else {}
             if not self._authorised():
@@ -283,7 +291,27 @@ def _handler(
                 )
                 self._send(400, json.dumps({"error": {"message": message}}))
                 return
-            request = engine.submit(ids, int(params.get("max_new_tokens", 128)))
+            wanted = params.get("max_new_tokens", 128) if isinstance(params, dict) else None
+            if isinstance(wanted, bool) or not isinstance(wanted, int) or wanted < 0:
+                message = "sampling_params.max_new_tokens must be a whole number ≥ 0"
+                self._send(400, json.dumps({"error": {"message": message}}))
+                return
+            # The tokenizer manager's check (_validate_one_request): input and output together
+            # within the longest request the server can hold.
+            longest = min(
+                int(ranks[0]["context_len"]) - 1, int(ranks[0]["max_total_num_tokens"]) - 1
+            )
+            if len(ids) + wanted > longest:
+                message = (
+                    f"Requested token count exceeds the model's maximum context length of "
+                    f"{longest} tokens. You requested a total of {len(ids) + wanted} tokens: "
+                    f"{len(ids)} tokens from the input messages and {wanted} tokens for the "
+                    "completion. Please reduce the number of tokens in the input messages or "
+                    "the completion to fit within the limit."
+                )
+                self._send(400, json.dumps({"error": {"message": message}}))
+                return
+            request = engine.submit(ids, wanted)
             while not request.done.wait(0.2):
                 if _gone(self.connection):
                     engine.abort(request)
