@@ -171,14 +171,14 @@ def _handler(
             for name, total in engine.counters().items():
                 lines.append(f"# TYPE sglang:{name} counter")
                 lines.append(f"sglang:{name}{{{labels}}} {float(total)}")
-            for name, (buckets, total, count) in engine.histograms().items():
+            for name, (buckets, summed, count) in engine.histograms().items():
                 lines.append(f"# TYPE sglang:{name} histogram")
                 for bound, cumulative in buckets:
                     lines.append(
                         f'sglang:{name}_bucket{{{labels},le="{bound}"}} {float(cumulative)}'
                     )
                 lines.append(f'sglang:{name}_bucket{{{labels},le="+Inf"}} {float(count)}')
-                lines.append(f"sglang:{name}_sum{{{labels}}} {total}")
+                lines.append(f"sglang:{name}_sum{{{labels}}} {summed}")
                 lines.append(f"sglang:{name}_count{{{labels}}} {float(count)}")
         return "\n".join(lines) + "\n"
 
