@@ -30,6 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes.domain.units import GB
+
 #: How long a pattern must hold before it is named (s).
 HOLD_S = 30.0
 #: The device pool counts as full from this share of its tokens in use (SGLang admits against
@@ -378,7 +380,6 @@ def _admission_cap(
 SHARED_PREFIX_HITS = 0.2
 #: The share of the node's host budget a suggested host pool may take (the rest stays free).
 HOST_SHARE = 0.5
-GB = 10**9
 
 
 def _host_pool_option(

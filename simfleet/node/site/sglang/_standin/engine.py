@@ -106,7 +106,6 @@ class Engine:
         self.retracted_total = 0
         # What SGLang's collector counts (srt/metrics/collector.py): time to first token (a
         # histogram, simulated seconds) and, per finished request, its tokens.
-        self.ttft_bounds = TTFT_BUCKETS
         self.ttft_buckets = [0] * len(TTFT_BUCKETS)
         self.ttft_sum = 0.0
         self.ttft_count = 0
@@ -160,7 +159,7 @@ class Engine:
         """Histograms as ``{name: ([(upper bound, cumulative count)], sum, count)}``."""
         with self.lock:
             running, cumulative = 0, []
-            for bound, n in zip(self.ttft_bounds, self.ttft_buckets, strict=True):
+            for bound, n in zip(TTFT_BUCKETS, self.ttft_buckets, strict=True):
                 running += n
                 cumulative.append((bound, running))
             return {"time_to_first_token_seconds": (cumulative, self.ttft_sum, self.ttft_count)}
@@ -176,7 +175,7 @@ class Engine:
     def _count_ttft(self, seconds: float) -> None:
         self.ttft_sum += seconds
         self.ttft_count += 1
-        for index, bound in enumerate(self.ttft_bounds):
+        for index, bound in enumerate(TTFT_BUCKETS):
             if seconds <= bound:
                 self.ttft_buckets[index] += 1
                 break
