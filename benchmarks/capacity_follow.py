@@ -44,6 +44,10 @@ def _fresh_database() -> str:
     return f"postgres://postgres@127.0.0.1:5432/{DATABASE}"
 
 
+def _progress(line: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
+
+
 def _percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -90,7 +94,9 @@ def main() -> None:
         workers.env["RANKWISE_HEALTH_SECONDS"] = "5"
         try:
             register(nodes)
+            _progress(f"{len(nodes)} nodes up and registered; starting workers")
             workers.start()
+            _progress("workers started")
             report = _run(nodes, state, args)
         finally:
             _stop_all()
@@ -128,6 +134,7 @@ def _run(nodes: list[dict[str, object]], state: str, args: argparse.Namespace) -
     actor = resolve_actor(None, Role.ADMIN)
     for node in Node.objects.all():
         discovery.discover(node.pk)
+    _progress("discovered; submitting launches")
     launches = [
         launching.submit(node=node, command=COMMAND, gpus=[gpu], port=30000 + gpu, actor=actor)
         for node in Node.objects.order_by("name")
@@ -138,11 +145,13 @@ def _run(nodes: list[dict[str, object]], state: str, args: argparse.Namespace) -
         statuses = {Launch.objects.get(pk=x.pk).status for x in launches}
         if statuses <= {LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED}:
             break
-        time.sleep(1)
+        _progress(f"waiting for readiness: {sorted(statuses)}")
+        time.sleep(5)
     ready = [x for x in launches if Launch.objects.get(pk=x.pk).status == LaunchStatus.READY]
     if len(ready) < len(launches):
         raise SystemExit(f"only {len(ready)} of {len(launches)} launches became ready")
     ready_s = time.monotonic() - started
+    _progress(f"all {len(ready)} ready after {ready_s:.0f} s; loading")
 
     def load(launch: Launch) -> None:
         subprocess.run(
@@ -155,7 +164,7 @@ def _run(nodes: list[dict[str, object]], state: str, args: argparse.Namespace) -
     loads = [threading.Thread(target=load, args=(x,)) for x in ready]
     for thread in loads:
         thread.start()
-    client = Client()
+    client = Client(HTTP_HOST="localhost")
     client.force_login(User.objects.get(pk=actor.pk))
     sweeps: list[float] = []
     pages: list[float] = []
