@@ -141,13 +141,18 @@ def _run(nodes: list[dict[str, object]], state: str, args: argparse.Namespace) -
         for gpu in (0, 1)
     ]
     started = time.monotonic()
+    submitted = [x.pk for x in launches]
+    settled = {LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED}
+    seen: set[str] = set()
     while time.monotonic() - started < 600:
-        statuses = {Launch.objects.get(pk=x.pk).status for x in launches}
-        if statuses <= {LaunchStatus.READY, LaunchStatus.FAILED, LaunchStatus.BLOCKED}:
+        statuses = dict(Launch.objects.filter(pk__in=submitted).values_list("pk", "status"))
+        if set(statuses.values()) <= settled:
             break
-        _progress(f"waiting for readiness: {sorted(statuses)}")
-        time.sleep(5)
-    ready = [x for x in launches if Launch.objects.get(pk=x.pk).status == LaunchStatus.READY]
+        if set(statuses.values()) != seen:
+            seen = set(statuses.values())
+            _progress(f"waiting for readiness: {sorted(seen)}")
+        time.sleep(1)
+    ready = [x for x in launches if statuses[x.pk] == LaunchStatus.READY]
     if len(ready) < len(launches):
         raise SystemExit(f"only {len(ready)} of {len(launches)} launches became ready")
     ready_s = time.monotonic() - started
