@@ -69,11 +69,14 @@ def test_unique_prompts_fill_the_pool_and_queue_the_rest(server):
     # The load stopped by itself and dropped what was open; the server takes new work.
     assert summary["completed"] > 0 and summary["dropped"] > 0 and summary["errors"] == 0
     assert wait_until(lambda: _gauges(server)["num_running_reqs"] == 0, 10)
-    # The tokenizer manager's counters: every finished request, every first token.
+    # The tokenizer manager's counters: every finished request, every first token. A request
+    # the server finished in the instant its client gave up at the deadline counts there and
+    # is dropped here, so the server's count lies between the two tallies.
     after = _gauges(server)
-    assert after["num_requests_total"] == summary["completed"]
-    assert after["prompt_tokens_total"] == 4000 * summary["completed"]
-    assert after["time_to_first_token_seconds_count"] >= summary["completed"]
+    finished = after["num_requests_total"]
+    assert summary["completed"] <= finished <= summary["completed"] + summary["dropped"]
+    assert after["prompt_tokens_total"] == 4000 * finished
+    assert after["time_to_first_token_seconds_count"] >= finished
     assert after["time_to_first_token_seconds_sum"] > 0
     lines = re.findall(
         r"Decode batch, #running-req: (\d+), #token: (\d+), token usage: ([\d.]+), cuda graph: "
