@@ -13,7 +13,7 @@ from nodes.domain import capacity, remedy
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch, ProfileRevision
 from nodes.services.model_facts import model_of
-from nodes.services.profiles import evaluate, node_memory_for, save_revision
+from nodes.services.profiles import checker, evaluate, node_memory_for, save_revision
 from nodes.types import Actor
 
 
@@ -114,27 +114,14 @@ def _rechecker(launch: Launch) -> Any:
     """The budget of the launch's revision with a change applied, on its node as its own
     relaunch would find it (its running server's memory counted free)."""
     node = launch.node
-    flags = table(node.sglang_version or DEFAULT_VERSION)
-    base = list(launch.revision.args)
-    env = dict(launch.revision.env or {})
-    memory = node_memory_for(node, launch.revision.profile.name)
-
-    def recheck(change: dict[str, Any]) -> capacity.Checked:
-        try:
-            args = remedy.with_changes(base, change, flags)
-        except ValueError:
-            return capacity.Checked("block", None)
-        report = evaluate(args, node, model_of(node, args, wait=0), env=env, memory=memory)
-        warnings = tuple(m.text for m in report.messages if m.level == "warn")
-        return capacity.Checked(
-            report.verdict,
-            report.device_kv_tokens_per_rank,
-            warnings,
-            host_budget_bytes=report.host_budget_bytes,
-            ranks_per_node=report.ranks_per_node,
-        )
-
-    return recheck
+    args = list(launch.revision.args)
+    return checker(
+        args,
+        node,
+        model_of(node, args, wait=0),
+        env=dict(launch.revision.env or {}),
+        memory=node_memory_for(node, launch.revision.profile.name),
+    )
 
 
 def _whole(value: Any) -> int | None:

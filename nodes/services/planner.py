@@ -4,17 +4,15 @@ checked by the budget as saving would check it (``domain.planner``)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
-from nodes.domain import planner, remedy
+from nodes.domain import planner
 from nodes.domain.budget_device import default_mem_fraction, parallel_of
 from nodes.domain.budget_types import NodeMemory
-from nodes.domain.capacity import Checked
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Node
 from nodes.services.model_facts import ModelFacts
-from nodes.services.profiles import evaluate
+from nodes.services.profiles import checker
 
 
 def plan_for(
@@ -39,15 +37,7 @@ def plan_for(
     else:  # SGLang's default for the card, as the budget takes it
         mfs = default_mem_fraction(gpu_bytes, parallel.tp, parallel.pp) if gpu_bytes else None
 
-    def check(change: dict[str, Any]) -> Checked:
-        try:
-            changed = remedy.with_changes(args, change, flags_table)
-        except ValueError:
-            return Checked("block", None)
-        report = evaluate(changed, node, model, env=env, memory=memory)
-        warnings = tuple(m.text for m in report.messages if m.level == "warn")
-        return Checked(report.verdict, report.device_kv_tokens_per_rank, warnings)
-
+    check = checker(args, node, model, env=env, memory=memory)
     changes = planner.changes_to_try(
         mfs=mfs,
         kv_dtype=parallel.dtype,

@@ -6,16 +6,18 @@ same input checks, the same budget, the same audit.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from django.db import transaction
 from django.db.models import Max, Sum
 from django.http import HttpRequest
 
-from nodes.domain import env_policy
+from nodes.domain import env_policy, remedy
 from nodes.domain import inventory as rules
 from nodes.domain.budget import BudgetReport, NodeMemory, check
+from nodes.domain.capacity import Checked
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Commitment, LaunchProfile, Node, ProfileRevision
@@ -149,6 +151,36 @@ def evaluate(
         weights_bytes=model.weights_bytes,
         observed=observed,
     )
+
+
+def checker(
+    args: list[str],
+    node: Node,
+    model: ModelFacts,
+    *,
+    env: dict[str, str],
+    memory: NodeMemory,
+) -> Callable[[dict[str, Any]], Checked]:
+    """A function from a ``change`` (as ``domain.remedy.with_changes`` takes it) to the budget of
+    ``args`` with that change on ``node``: its verdict, device KV tokens per rank, warnings and,
+    where computed, the host budget. A change the flags cannot take is ``block``."""
+    flags = table(node.sglang_version or DEFAULT_VERSION)
+
+    def check_change(change: dict[str, Any]) -> Checked:
+        try:
+            changed = remedy.with_changes(args, change, flags)
+        except ValueError:
+            return Checked("block", None)
+        report = evaluate(changed, node, model, env=env, memory=memory)
+        return Checked(
+            report.verdict,
+            report.device_kv_tokens_per_rank,
+            tuple(m.text for m in report.messages if m.level == "warn"),
+            host_budget_bytes=report.host_budget_bytes,
+            ranks_per_node=report.ranks_per_node,
+        )
+
+    return check_change
 
 
 def save_revision(
