@@ -8,6 +8,7 @@ from nodes.views import (
     cleanups,
     exchange,
     inventory,
+    launch_log,
     launches,
     metrics,
     profiles,
@@ -78,9 +79,10 @@ urlpatterns = [
     path(
         "launches/<int:pk>/test-request/", launches.launch_test_request, name="launch-test-request"
     ),
-    path("launches/<int:pk>/lines/", launches.launch_lines, name="launch-lines"),
-    path("launches/<int:pk>/events/", launches.launch_events, name="launch-events"),
-    path("launches/<int:pk>/log/", launches.launch_log, name="launch-log"),
+    path("launches/<int:pk>/lines/", launch_log.launch_lines, name="launch-lines"),
+    path("launches/<int:pk>/search/", launch_log.launch_search, name="launch-search"),
+    path("launches/<int:pk>/events/", launch_log.launch_events, name="launch-events"),
+    path("launches/<int:pk>/log/", launch_log.launch_log, name="launch-log"),
     path("launches/<int:pk>/bundle/", launches.launch_bundle, name="launch-bundle"),
     path("launches/<int:pk>/apply-fix/", launches.launch_apply_fix, name="launch-apply-fix"),
     path("diagnose/", launches.bundle_diagnose, name="bundle-diagnose"),

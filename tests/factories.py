@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractUser, Group
 
+from nodes.domain.log_lines import level_of, rank_of
 from nodes.domain.units import GB, GiB
 from nodes.models import Gpu, Launch, LaunchLogLine, LaunchProfile, Node, ProfileRevision
 from nodes.models.choices import LaunchStatus
@@ -82,7 +83,8 @@ def make_failed(node, args, lines, *, name="kimi", **fields) -> Launch:
         **fields,
     )
     LaunchLogLine.objects.bulk_create(
-        LaunchLogLine(launch=launch, seq=i, text=t) for i, t in enumerate(lines, 1)
+        LaunchLogLine(launch=launch, seq=i, text=t, level=level_of(t), rank=rank_of(t))
+        for i, t in enumerate(lines, 1)
     )
     diagnose_launch(launch.pk)
     launch.refresh_from_db()

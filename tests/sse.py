@@ -20,7 +20,7 @@ class Event:
     data: str
 
     def lines(self) -> list[tuple[int, str]]:
-        return [(int(seq), text) for seq, text in json.loads(self.data)]
+        return [(int(seq), text) for seq, text, *_ in json.loads(self.data)]
 
 
 def events(url: str, cookie: str, last_id: str = "", timeout: float = 30) -> Iterator[Event]:

@@ -113,17 +113,29 @@ class Launch(models.Model):
 
 
 class LaunchLogLine(models.Model):
-    """One line of a launch's server log, cleaned and with secrets masked; ``seq`` counts from 1."""
+    """One line of a launch's server log, cleaned and with secrets masked; ``seq`` counts from 1.
+    ``level`` (0 information, 1 warning, 2 error) and ``rank`` (``"TP3"``, ``"DP1 TP3"`` or
+    ``""``) are read from the text when stored (``domain.log_lines``), for the viewer's filters."""
 
     launch = models.ForeignKey(Launch, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
     text = models.TextField()
     time = models.DateTimeField(auto_now_add=True)
+    level = models.PositiveSmallIntegerField(default=0)
+    rank = models.CharField(max_length=32, blank=True, default="")
 
     class Meta:
         ordering = ["launch", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["launch", "seq"], name="log_line_seq_unique")
+        ]
+        indexes = [
+            # Warnings and errors are few: a partial index finds them in a million lines.
+            models.Index(
+                fields=["launch", "seq"],
+                condition=models.Q(level__gt=0),
+                name="log_line_flagged",
+            ),
         ]
 
     def __str__(self) -> str:

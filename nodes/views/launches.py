@@ -1,26 +1,16 @@
-"""Launch pages: the form, the launch page (phase bar, checks, live log), stop, log download.
-
-The live log is a Server-Sent Events stream: it replays stored lines after ``Last-Event-ID``
-(or ``?after=``) from the database, then waits on the launch's Redis channel for word of new
-ones, reading them from the database again, so the record decides what is shown and a
-reconnect can neither skip nor repeat a line. Without Redis it reads the database every
-half-second instead.
-"""
+"""Launch pages: the form, the launch page (phase bar, checks, memory, capacity, the log
+viewer's first window), stop, promote, fixes, bundles, test requests. The log's own reads and
+its live stream are in ``views.launch_log``."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import re
 import shlex
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 from urllib.parse import urlencode
 
-import redis.asyncio as aioredis
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
@@ -30,20 +20,16 @@ from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
-    JsonResponse,
-    StreamingHttpResponse,
 )
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
-from redis.exceptions import RedisError
 
 from nodes.domain import endpoints, remedy, timeline
 from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
 from nodes.forms.launches import BundleUploadForm, LaunchForm
-from nodes.live import channel
-from nodes.models import BundleUpload, Launch, LaunchLogLine, Node, ProfileRevision
+from nodes.models import BundleUpload, Launch, Node, ProfileRevision
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable, send
 from nodes.services import (
@@ -51,17 +37,17 @@ from nodes.services import (
     bundles,
     capacity,
     fixes,
+    log_view,
     placement,
     profiles,
     test_requests,
 )
-from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches, visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required, task_state
 from nodes.workflows import launching
 
-LINES_SHOWN = 2000
-BATCH = 1000
+#: Lines the launch page opens with (the viewer reads more as you scroll).
+LINES_SHOWN = 1000
 
 
 @require_GET
@@ -333,12 +319,15 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     launch = get_object_or_404(_seen(request).select_related("node", "revision__profile"), pk=pk)
     if request.htmx and request.GET.get("part") == "state":
         return render(request, "nodes/launch_detail.html#state", _state_context(launch))
-    lines = list(launch.lines.order_by("-seq").values_list("seq", "text")[:LINES_SHOWN])[::-1]
+    shown = log_view.window(launch, limit=LINES_SHOWN)
+    lines = shown.rows
     state = _state_context(launch)
     evidence = {e["line"] for e in (state["diagnosis"] or {}).get("evidence", []) if e["line"]}
     context = {
         **state,
         "lines": lines,
+        "more_before": shown.more_before,
+        "ranks": log_view.ranks(launch),
         "evidence_lines": evidence,
         "last_seq": lines[-1][0] if lines else 0,
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",
@@ -414,49 +403,6 @@ def launch_stop(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         # Transient: the page drops it when the launch's log ends (static/js/app.js).
         messages.success(request, f"Stopping launch #{launch.pk}…", extra_tags="transient")
     return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
-
-
-@require_GET
-@login_required
-def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
-    """Stored lines after ``?after=SEQ`` (polling fallback of the live stream)."""
-    launch = get_object_or_404(_seen(request), pk=pk)
-    after = _seq(request.GET.get("after"))
-    rows = list(launch.lines.filter(seq__gt=after).values_list("seq", "text")[:BATCH])
-    return JsonResponse(
-        {
-            "lines": rows,
-            "status": launch.status,
-            "last_seq": launch.last_seq,
-            "ended": _done(launch),
-        }
-    )
-
-
-@require_GET
-@login_required
-def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
-    """The whole log as text: the archive when lines were dropped from the database."""
-    launch = get_object_or_404(_seen(request), pk=pk)
-    name = f"launch-{launch.pk}.log"
-    if launch.log_archive:
-        response: HttpResponseBase = StreamingHttpResponse(
-            bundles.archived_log(launch), content_type="text/plain; charset=utf-8"
-        )
-    else:
-
-        def lines() -> Iterator[str]:
-            query = launch.lines.order_by("seq").values_list("seq", "text")
-            previous = 0
-            for seq, text in query.iterator(chunk_size=5000):
-                if seq != previous + 1:
-                    yield f"[rankwise: lines {previous + 1}–{seq - 1} were not kept]\n"
-                previous = seq
-                yield text + "\n"
-
-        response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
-    response["Content-Disposition"] = f'attachment; filename="{name}"'
-    return response
 
 
 @require_GET
@@ -567,107 +513,6 @@ def bundle_diagnosis(request: HtmxHttpRequest, pk: str) -> HttpResponse:
         "name": job.name,
     }
     return render(request, "nodes/bundle_diagnose.html", context)
-
-
-def _seq(text: str | None) -> int:
-    try:
-        return max(0, int(text or 0))
-    except ValueError:
-        return 0
-
-
-def _done(launch: Launch) -> bool:
-    return launch.status in LAUNCH_ENDED and (launch.log_complete or not launch.started)
-
-
-async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
-    """The live log as Server-Sent Events: ``lines`` events (id = last seq, data = [[seq,
-    text], …]), ``state`` when the status or phase changed, ``end`` when nothing more comes."""
-    user = await request.auser()
-    if not user.is_authenticated or not await sync_to_async(has_role)(user, Role.VIEWER):
-        return HttpResponse("Log in to follow this launch.", status=403)
-    seen = await sync_to_async(visible_launches)(user)
-    if not await seen.filter(pk=pk).aexists():
-        return HttpResponse("No such launch.", status=404)
-    after = _seq(request.headers.get("Last-Event-ID") or request.GET.get("after"))
-    response = StreamingHttpResponse(_events(pk, after), content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"
-    return response
-
-
-async def _events(pk: int, after: int) -> AsyncIterator[str]:
-    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1)
-    pubsub: Any = None
-    last, shown, quiet = after, None, 0.0
-    try:
-        yield "retry: 1000\n\n"
-        while True:
-            if pubsub is None:
-                pubsub = await _subscribe(client, pk)
-            rows = [
-                row
-                async for row in LaunchLogLine.objects.filter(launch_id=pk, seq__gt=last)
-                .order_by("seq")
-                .values_list("seq", "text")[:BATCH]
-            ]
-            if rows:
-                last = rows[-1][0]
-                quiet = 0.0
-                yield f"id: {last}\nevent: lines\ndata: {json.dumps(rows)}\n\n"
-                if len(rows) == BATCH:
-                    continue
-            state = (
-                await Launch.objects.filter(pk=pk)
-                .values("status", "progress", "last_seq", "log_complete", "started", "health_at")
-                .afirst()
-            )
-            if state is None:
-                return
-            now = (state["status"], json.dumps(state["progress"]), state["health_at"])
-            if now != shown:
-                shown = now
-                yield f"event: state\ndata: {json.dumps({'status': state['status']})}\n\n"
-            ended = state["status"] in LAUNCH_ENDED
-            if (
-                ended
-                and last >= state["last_seq"]
-                and (state["log_complete"] or not state["started"])
-            ):
-                yield "event: end\ndata: {}\n\n"
-                return
-            pubsub = await _wait(pubsub)
-            quiet += 1.0
-            if quiet >= 15:
-                quiet = 0.0
-                yield ": keep-alive\n\n"
-    finally:
-        if pubsub is not None:
-            with contextlib.suppress(RedisError):
-                await pubsub.aclose()
-        await client.aclose()
-
-
-async def _subscribe(client: aioredis.Redis, pk: int) -> Any:
-    try:
-        pubsub = client.pubsub()
-        await pubsub.subscribe(channel(pk))
-        return pubsub
-    except (RedisError, OSError):
-        return None
-
-
-async def _wait(pubsub: Any) -> Any:
-    """Until the follower says new lines are stored, at most a second; without Redis, half a
-    second. Returns the subscription, or ``None`` when Redis went away."""
-    if pubsub is None:
-        await asyncio.sleep(0.5)
-        return None
-    try:
-        await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
-        return pubsub
-    except (RedisError, OSError):
-        return None
 
 
 #: Polls of a test request the page makes (0.5 s apart) before it says no worker answered.

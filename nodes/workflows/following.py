@@ -24,6 +24,7 @@ from django.utils import timezone
 from nodes import ssh
 from nodes.domain import launch_plan as plan
 from nodes.domain import timeline
+from nodes.domain.log_lines import level_of, rank_of
 from nodes.domain.logparse import Progress, advance
 from nodes.domain.logtext import LineSplitter, Piece
 from nodes.domain.redact import (
@@ -367,11 +368,26 @@ class Follower:
         raw = [p.text for p in pieces if p.text is not None]
         texts = [mask_text(t, self.secrets) for t in raw]
         rows = [
-            LaunchLogLine(launch_id=self.launch_id, seq=self.seq + i + 1, text=t)
+            LaunchLogLine(
+                launch_id=self.launch_id,
+                seq=self.seq + i + 1,
+                text=t,
+                level=level_of(t),
+                rank=rank_of(t),
+            )
             for i, t in enumerate(texts)
         ]
         # Numbers are read from what the server wrote, not from the masked copy.
         changed = any([advance(self.progress, t) for t in raw])
+        if rows:
+            # Viewers get the lines now; the commit below makes them the record. Were it to
+            # fail, the next follower stores the same lines under the same numbers (it reads on
+            # from the stored offset), so nothing shown is contradicted.
+            publish(
+                self.launch_id,
+                self.seq + len(rows),
+                [(r.seq, r.text, r.level, r.rank) for r in rows],
+            )
         with transaction.atomic():
             fields: dict[str, Any] = {
                 "log_offset": self.offset + size,
@@ -395,8 +411,6 @@ class Follower:
         self.seq += len(rows)
         if changed:
             self._loading(launch)
-        if rows:
-            publish(self.launch_id, self.seq)
 
     def _trim(self, last: int) -> int:
         keep = settings.RANKWISE_LOG_LINES_MAX

@@ -1,42 +1,368 @@
-// Rankwise keeps JavaScript to a minimum: htmx does the work. The one exception is the live
-// launch log, which follows a Server-Sent Events stream (EventSource reconnects by itself and
-// sends Last-Event-ID, so the server resumes after the last line shown).
+// Rankwise keeps JavaScript to a minimum: htmx does the work. The one exception is the launch
+// log viewer. The page holds a bounded window of lines (CAP at most, whatever the log's
+// length); older or newer ones are read from the stored log by sequence number as you scroll.
+// Live lines come from a Server-Sent Events stream (EventSource reconnects by itself and sends
+// Last-Event-ID, so the server resumes after the last line received). Scrolling up pauses the
+// window; "Follow live" returns to the end and says how many lines arrived meanwhile. Search,
+// filters and "go to line" are answered by the server over the whole stored log.
 (function () {
   const log = document.getElementById("launch-log");
   if (!log) return;
-  // The diagnosis names its evidence by line number: mark those lines in the viewer.
-  function highlight() {
-    for (const item of document.querySelectorAll("[data-evidence-line]")) {
-      const line = document.getElementById(`line-${item.dataset.evidenceLine}`);
-      if (line) line.classList.add("evidence");
+  const CAP = 3000; // lines the page holds at most
+  const PAGE = 500; // lines read per scroll step
+  const DECODE = /\] Decode batch[.,] #running-req: /;
+  const $ = (id) => document.getElementById(id);
+  const status = $("log-status");
+  const followButton = $("log-follow");
+  const matchesLabel = $("log-matches");
+  // The diagnosis names its evidence by line number (and may arrive after the page did).
+  let evidence = new Set();
+  function readEvidence() {
+    evidence = new Set(
+      [...document.querySelectorAll("[data-evidence-line]")].map((e) => Number(e.dataset.evidenceLine)),
+    );
+    for (const seq of evidence) {
+      const span = document.getElementById(`line-${seq}`);
+      if (span) span.classList.add("evidence");
     }
   }
-  document.body.addEventListener("htmx:afterSettle", highlight);
-  const status = document.getElementById("log-status");
-  let last = Number(log.dataset.lastSeq || 0);
+  readEvidence();
+  document.body.addEventListener("htmx:afterSettle", readEvidence);
+
+  let last = Number(log.dataset.lastSeq || 0); // the last line received from the live stream
+  let count = 0;
+  let moreBefore = log.dataset.moreBefore === "true";
+  let atTail = true; // the window ends with the last line received (matching the filters)
+  let following = true;
+  let arrived = 0; // lines received while paused (matching the filters)
+  let loading = false;
+  let queue = []; // live rows waiting for the next frame
+  let query = "";
+  let matches = [];
+  let current = -1;
   let failures = 0;
   let polling = null;
 
-  function atBottom() {
-    return log.scrollHeight - log.scrollTop - log.clientHeight < 40;
+  function filters() {
+    const params = new URLSearchParams();
+    const level = $("log-level").value;
+    if (level === "evidence") params.set("evidence", "1");
+    else if (level) params.set("level", level);
+    if ($("log-rank").value) params.set("rank", $("log-rank").value);
+    return params;
+  }
+  function wanted(row) {
+    const [seq, , level, rank] = row;
+    const want = $("log-level").value;
+    if (want === "evidence" && !evidence.has(seq)) return false;
+    if (want === "warning" && level < 1) return false;
+    if (want === "error" && level < 2) return false;
+    const r = $("log-rank").value;
+    return !r || r === rank;
+  }
+  function collapsing() {
+    return $("log-collapse").checked;
+  }
+
+  // --- rendering -------------------------------------------------------------------------------
+  function fill(span, text) {
+    span.textContent = "";
+    if (!query) {
+      span.textContent = text + "\n";
+      return;
+    }
+    const lower = text.toLowerCase();
+    const needle = query.toLowerCase();
+    let at = 0;
+    for (let i = lower.indexOf(needle); i >= 0; i = lower.indexOf(needle, at)) {
+      span.append(text.slice(at, i));
+      const mark = document.createElement("mark");
+      mark.textContent = text.slice(i, i + needle.length);
+      span.append(mark);
+      at = i + needle.length;
+    }
+    span.append(text.slice(at) + "\n");
+  }
+  function line(row) {
+    const [seq, text, level] = row;
+    const span = document.createElement("span");
+    span.dataset.seq = seq;
+    span.id = `line-${seq}`;
+    if (level) span.dataset.level = level;
+    if (evidence.has(seq)) span.classList.add("evidence");
+    span.dataset.decode = DECODE.test(text) ? "1" : "";
+    fill(span, text);
+    return span;
+  }
+  function group() {
+    const details = document.createElement("details");
+    details.className = "decode-group";
+    details.append(document.createElement("summary"));
+    return details;
+  }
+  function label(details) {
+    const spans = details.querySelectorAll("span[data-seq]");
+    const latest = spans[spans.length - 1];
+    details.firstChild.textContent =
+      `${spans.length} decode-batch line${spans.length === 1 ? "" : "s"}, latest: ` +
+      latest.textContent.trim();
+  }
+  // Rows (ascending) as nodes: runs of decode-batch lines go into a counted group.
+  function nodes(rows) {
+    const out = [];
+    for (const row of rows) {
+      const span = line(row);
+      if (collapsing() && span.dataset.decode) {
+        let g = out[out.length - 1];
+        if (!(g && g.classList && g.classList.contains("decode-group"))) out.push((g = group()));
+        g.append(span);
+      } else out.push(span);
+    }
+    for (const g of out) if (g.classList.contains("decode-group")) label(g);
+    return out;
   }
   function append(rows) {
-    const follow = atBottom();
-    const frag = document.createDocumentFragment();
-    for (const [seq, text] of rows) {
-      if (seq <= last) continue; // a replay after a reconnect: already shown
-      const span = document.createElement("span");
-      span.dataset.seq = seq;
-      span.id = `line-${seq}`;
-      span.textContent = text + "\n";
-      frag.appendChild(span);
-      last = seq;
+    if (!rows.length) return;
+    const made = nodes(rows);
+    const tail = log.lastElementChild;
+    // A run of decode-batch lines that goes on joins the group already shown.
+    if (made[0].classList.contains("decode-group") && tail && tail.classList.contains("decode-group")) {
+      tail.append(...made.shift().querySelectorAll("span[data-seq]"));
+      label(tail);
     }
-    log.appendChild(frag);
-    if (follow) log.scrollTop = log.scrollHeight;
+    log.append(...made);
+    count += rows.length;
+  }
+  function prepend(rows) {
+    if (!rows.length) return;
+    const made = nodes(rows);
+    const head = log.firstElementChild;
+    const end = made[made.length - 1];
+    if (end.classList.contains("decode-group") && head && head.classList.contains("decode-group")) {
+      head.firstChild.after(...made.pop().querySelectorAll("span[data-seq]"));
+      label(head);
+    }
+    log.prepend(...made);
+    count += rows.length;
+  }
+  // Drop lines from one end until the window holds CAP.
+  function trim(fromTop) {
+    while (count > CAP) {
+      const edge = fromTop ? log.firstElementChild : log.lastElementChild;
+      if (!edge) break;
+      if (edge.classList.contains("decode-group")) {
+        const spans = edge.querySelectorAll("span[data-seq]");
+        const gone = fromTop ? spans[0] : spans[spans.length - 1];
+        gone.remove();
+        count -= 1;
+        if (spans.length === 1) edge.remove();
+        else label(edge);
+      } else {
+        edge.remove();
+        count -= 1;
+      }
+    }
+  }
+  function seqs() {
+    const spans = log.querySelectorAll("span[data-seq]");
+    if (!spans.length) return [0, 0];
+    return [Number(spans[0].dataset.seq), Number(spans[spans.length - 1].dataset.seq)];
+  }
+  function replace(rows, more) {
+    log.textContent = "";
+    count = 0;
+    append(rows);
+    moreBefore = more.more_before;
+    atTail = !more.more_after;
+  }
+  function say() {
+    if (following && atTail) {
+      followButton.hidden = true;
+      return;
+    }
+    followButton.hidden = false;
+    followButton.textContent = arrived
+      ? `Follow live (${arrived.toLocaleString()} new line${arrived === 1 ? "" : "s"})`
+      : "Follow live";
+  }
+
+  // --- reading the stored log ------------------------------------------------------------------
+  async function read(params) {
+    for (const [k, v] of filters()) params.set(k, v);
+    const response = await fetch(`${log.dataset.lines}?${params}`);
+    if (!response.ok) throw new Error((await response.json()).error || response.statusText);
+    return response.json();
+  }
+  async function guarded(work) {
+    if (loading) return;
+    loading = true;
+    try {
+      await work();
+    } catch (error) {
+      status.textContent = `Could not read the log: ${error.message}`;
+    } finally {
+      loading = false;
+    }
+  }
+  function toTail() {
+    return guarded(async () => {
+      const doc = await read(new URLSearchParams({ limit: String(PAGE * 2) }));
+      replace(doc.lines, doc);
+      atTail = true;
+      following = true;
+      arrived = 0;
+      queue = [];
+      log.scrollTop = log.scrollHeight;
+      say();
+    });
+  }
+  function jump(seq) {
+    return guarded(async () => {
+      const doc = await read(new URLSearchParams({ around: String(seq), limit: String(PAGE * 2) }));
+      replace(doc.lines, doc);
+      following = false;
+      arrived = 0;
+      const target = $(`line-${seq}`) ||
+        [...log.querySelectorAll("span[data-seq]")].find((s) => Number(s.dataset.seq) >= seq);
+      for (const old of log.querySelectorAll(".current")) old.classList.remove("current");
+      if (target) {
+        target.classList.add("current");
+        const holder = target.closest("details");
+        if (holder) holder.open = true;
+        log.scrollTop = target.offsetTop - log.offsetTop - log.clientHeight / 2;
+      }
+      say();
+    });
+  }
+  function earlier() {
+    return guarded(async () => {
+      const [first] = seqs();
+      const doc = await read(new URLSearchParams({ before: String(first), limit: String(PAGE) }));
+      const height = log.scrollHeight;
+      prepend(doc.lines);
+      moreBefore = doc.more_before;
+      log.scrollTop += log.scrollHeight - height; // keep the lines read in place
+      if (count > CAP) {
+        trim(false);
+        atTail = false;
+        following = false;
+      }
+      say();
+    });
+  }
+  function later() {
+    return guarded(async () => {
+      const [, end] = seqs();
+      const doc = await read(new URLSearchParams({ after: String(end), limit: String(PAGE) }));
+      append(doc.lines);
+      if (count > CAP) {
+        const height = log.scrollHeight;
+        trim(true);
+        log.scrollTop -= height - log.scrollHeight;
+        moreBefore = true;
+      }
+      atTail = !doc.more_after;
+      if (atTail) {
+        following = true;
+        arrived = 0;
+      }
+      say();
+    });
+  }
+  let ticking = false;
+  log.addEventListener("scroll", () => {
+    if (ticking) return;
+    ticking = true;
+    requestAnimationFrame(() => {
+      ticking = false;
+      const bottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
+      if (bottom && !atTail) later();
+      else if (bottom) following = true;
+      else following = false;
+      if (log.scrollTop < 200 && moreBefore) earlier();
+      say();
+    });
+  });
+  followButton.addEventListener("click", toTail);
+  for (const id of ["log-level", "log-rank", "log-collapse"]) $(id).addEventListener("change", toTail);
+  $("log-goto").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const seq = Number(new FormData(event.target).get("line"));
+    if (seq >= 1) jump(seq);
+  });
+
+  // --- search ----------------------------------------------------------------------------------
+  $("log-search").addEventListener("submit", async (event) => {
+    event.preventDefault();
+    query = String(new FormData(event.target).get("q") || "").trim();
+    matches = [];
+    current = -1;
+    if (!query) {
+      matchesLabel.textContent = "";
+      return toTail();
+    }
+    const params = filters();
+    params.set("q", query);
+    const response = await fetch(`${log.dataset.search}?${params}`);
+    const doc = await response.json();
+    if (!response.ok) {
+      matchesLabel.textContent = doc.error;
+      return;
+    }
+    matches = doc.matches.map((row) => row[0]);
+    const shown = doc.count > matches.length ? ` (first ${matches.length} listed)` : "";
+    matchesLabel.textContent = `${doc.count.toLocaleString()}${doc.capped ? "+" : ""} match${doc.count === 1 ? "" : "es"}${shown}`;
+    if (matches.length) step(1);
+    else for (const span of log.querySelectorAll("span[data-seq]")) fill(span, span.textContent.slice(0, -1));
+  });
+  function step(by) {
+    if (!matches.length) return;
+    current = (current + by + matches.length) % matches.length;
+    matchesLabel.dataset.current = String(current + 1);
+    status.textContent = `Match ${current + 1} of ${matches.length}: line ${matches[current].toLocaleString()}.`;
+    jump(matches[current]);
+  }
+  $("log-next").addEventListener("click", () => step(1));
+  $("log-prev").addEventListener("click", () => step(-1));
+
+  // --- live ------------------------------------------------------------------------------------
+  function received(rows) {
+    for (const row of rows) {
+      if (row[0] <= last) continue; // a replay after a reconnect: already received
+      last = row[0];
+      if (!wanted(row)) continue;
+      if (following && atTail) queue.push(row);
+      else {
+        arrived += 1;
+        atTail = false;
+      }
+    }
+    if (queue.length) requestAnimationFrame(flush);
+    say();
+  }
+  // One DOM write a frame, however many events came: the window keeps only CAP lines anyway.
+  function flush() {
+    if (!queue.length) return;
+    let rows = queue;
+    queue = [];
+    if (rows.length > CAP) {
+      rows = rows.slice(-CAP);
+      moreBefore = true;
+    }
+    append(rows);
+    if (count > CAP) {
+      trim(true);
+      moreBefore = true;
+    }
+    log.scrollTop = log.scrollHeight;
   }
   function refreshState() {
     document.body.dispatchEvent(new Event("launch-state"));
+  }
+  function ended() {
+    // A banner about what was under way ("Stopping launch #N…") is done once the log ends.
+    for (const note of document.querySelectorAll(".message-transient")) note.remove();
+    status.textContent = "Log complete.";
   }
   function poll() {
     // Fallback when the stream cannot be kept open: read stored lines every second.
@@ -44,25 +370,47 @@
       const response = await fetch(`${log.dataset.lines}?after=${last}`);
       if (!response.ok) return;
       const doc = await response.json();
-      append(doc.lines);
-      if (doc.ended && last >= doc.last_seq) { clearInterval(polling); ended(); }
+      received(doc.lines);
+      if (doc.ended && last >= doc.last_seq) {
+        clearInterval(polling);
+        ended();
+      }
     }, 1000);
   }
-  if (!window.EventSource) { poll(); return; }
-  const source = new EventSource(`${log.dataset.events}?after=${last}`);
-  source.addEventListener("lines", (event) => { failures = 0; append(JSON.parse(event.data)); });
-  source.addEventListener("state", refreshState);
-  function ended() {
-    // A banner about what was under way ("Stopping launch #N…") is done once the log ends.
-    for (const note of document.querySelectorAll(".message-transient")) note.remove();
-    status.textContent = "Log complete.";
+  // The page came with its last lines as plain text; shown again through the one renderer.
+  replace(
+    [...log.querySelectorAll("span[data-seq]")].map((s) => [
+      Number(s.dataset.seq), s.textContent.replace(/\n$/, ""), Number(s.dataset.level || 0), "",
+    ]),
+    { more_before: log.dataset.moreBefore === "true", more_after: false },
+  );
+  log.scrollTop = log.scrollHeight;
+  say();
+  if (!window.EventSource) {
+    poll();
+    return;
   }
-  source.addEventListener("end", () => { source.close(); refreshState(); ended(); });
-  source.onopen = () => { status.textContent = "Following live."; };
+  const source = new EventSource(`${log.dataset.events}?after=${last}`);
+  source.addEventListener("lines", (event) => {
+    failures = 0;
+    received(JSON.parse(event.data));
+  });
+  source.addEventListener("state", refreshState);
+  source.addEventListener("end", () => {
+    source.close();
+    refreshState();
+    ended();
+  });
+  source.onopen = () => {
+    status.textContent = "Following live.";
+  };
   source.onerror = () => {
     failures += 1;
     status.textContent = "Reconnecting…";
-    if (failures >= 5) { source.close(); status.textContent = "Following by polling."; poll(); }
+    if (failures >= 5) {
+      source.close();
+      status.textContent = "Following by polling.";
+      poll();
+    }
   };
-  log.scrollTop = log.scrollHeight;
 })();

@@ -16,8 +16,10 @@ from nodes.domain.log_lines import ERROR, INFO, WARNING, is_decode_batch, level_
         ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.", ERROR),
         ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275", ERROR),
         ("[2026-01-01 00:06:00 TP3] Scheduler hit an exception: Traceback", ERROR),
-        ("[2026-01-01 00:06:00] Rank 0 scheduler is dead. Please check if there are relevant logs.",
-         ERROR),
+        (
+            "[2026-01-01 00:06:00] Rank 0 scheduler is dead. Please check if there are relevant logs.",
+            ERROR,
+        ),
         ("/usr/lib/python3/site.py:12: UserWarning: TypedStorage is deprecated.", WARNING),
         ("[2026-01-01 00:05:12 TP0] WARNING: the server runs with --disable-cuda-graph", WARNING),
         ("[2026-01-01 00:05:12 TP0] Decode batch, #running-req: 30, #token: 9000", INFO),
@@ -35,7 +37,7 @@ def test_a_line_is_an_error_a_warning_or_information(line, level):
         ("[2026-01-01 00:05:10 DP1 TP3] Memory pool end.", "DP1 TP3"),
         ("[2026-01-01 00:05:10 PP0 TP3 EP3] Memory pool end.", "PP0 TP3 EP3"),
         ("[2026-01-01 00:05:10] The server is fired up and ready to roll!", ""),
-        ("  File \"/sglang/srt/managers/scheduler.py\", line 10, in run", ""),
+        ('  File "/sglang/srt/managers/scheduler.py", line 10, in run', ""),
     ],
 )
 def test_the_rank_is_read_from_the_prefix(line, rank):

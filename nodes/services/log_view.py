@@ -1,0 +1,138 @@
+"""The log viewer's reads of a launch's stored lines: a window of them by sequence number (after,
+before or around one), filtered by level, rank or the diagnosis's evidence, and a search over all
+of them. Every read is bounded and uses the ``(launch, seq)`` index (or the partial index of
+warnings and errors), so a launch with a million stored lines answers as fast as a short one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import QuerySet
+
+from nodes.domain.log_lines import LEVELS
+from nodes.models import Launch, LaunchLogLine
+
+#: Lines one window read returns at most.
+WINDOW_MAX = 1000
+#: Matches one search returns (the count goes on to ``COUNT_MAX``).
+MATCHES_MAX = 200
+COUNT_MAX = 100_000
+RANK_SAMPLE = 5000
+
+#: One line as the viewer gets it: ``[seq, text, level, rank]``.
+Row = tuple[int, str, int, str]
+_FIELDS = ("seq", "text", "level", "rank")
+
+
+class BadFilter(ValueError):
+    """A filter the viewer does not offer (the message says which values it takes)."""
+
+
+@dataclass(frozen=True)
+class Filters:
+    """``level``: ``"warning"`` (warnings and errors) or ``"error"``; ``rank``: as the line's
+    prefix names it (``"TP3"``); ``evidence``: only the diagnosis's evidence lines."""
+
+    level: str = ""
+    rank: str = ""
+    evidence: bool = False
+
+    @classmethod
+    def of(cls, params: Any) -> Filters:
+        """From a request's query parameters; raises ``BadFilter``."""
+        level = str(params.get("level") or "")
+        if level and level not in LEVELS or level == "info":
+            raise BadFilter("level is warning or error")
+        rank = str(params.get("rank") or "")
+        if len(rank) > 32:
+            raise BadFilter("rank is a prefix such as TP3")
+        return cls(level, rank, params.get("evidence") in ("1", "true", "on"))
+
+    def apply(self, launch: Launch, lines: QuerySet[LaunchLogLine]) -> QuerySet[LaunchLogLine]:
+        if self.level:
+            lines = lines.filter(level__gte=LEVELS[self.level])
+        if self.rank:
+            lines = lines.filter(rank=self.rank)
+        if self.evidence:
+            lines = lines.filter(seq__in=evidence_lines(launch))
+        return lines
+
+
+@dataclass(frozen=True)
+class Window:
+    """Lines in ascending order, and whether stored lines (matching the filters) lie before the
+    first or after the last."""
+
+    rows: list[Row]
+    more_before: bool
+    more_after: bool
+
+
+def evidence_lines(launch: Launch) -> set[int]:
+    """Sequence numbers the launch's diagnosis cites as evidence."""
+    diagnosis = launch.diagnosis if isinstance(launch.diagnosis, dict) else {}
+    found = set()
+    for item in diagnosis.get("evidence") or []:
+        line = item.get("line") if isinstance(item, dict) else None
+        if isinstance(line, int) and not isinstance(line, bool) and line > 0:
+            found.add(line)
+    return found
+
+
+def window(
+    launch: Launch,
+    *,
+    after: int | None = None,
+    before: int | None = None,
+    around: int | None = None,
+    limit: int = WINDOW_MAX,
+    filters: Filters = Filters(),  # noqa: B008 - frozen, so one shared default is safe
+) -> Window:
+    """Up to ``limit`` lines after ``after``, before ``before``, centred on ``around``, or the
+    last ones when none is given."""
+    limit = max(1, min(limit, WINDOW_MAX))
+    lines = filters.apply(launch, launch.lines.all())
+    if around is not None:
+        head = _rows(lines.filter(seq__lt=around).order_by("-seq")[: limit // 2 + 1])[::-1]
+        tail = _rows(lines.filter(seq__gte=around).order_by("seq")[: limit - limit // 2 + 1])
+        more_before = len(head) > limit // 2
+        more_after = len(tail) > limit - limit // 2
+        return Window(
+            head[int(more_before) :] + tail[: limit - limit // 2], more_before, more_after
+        )
+    if after is not None:
+        rows = _rows(lines.filter(seq__gt=after).order_by("seq")[: limit + 1])
+        more = len(rows) > limit
+        earlier = after > 0 and lines.filter(seq__lte=after).exists()
+        return Window(rows[:limit], more_before=earlier, more_after=more)
+    if before is not None:
+        lines = lines.filter(seq__lt=before)
+    rows = _rows(lines.order_by("-seq")[: limit + 1])[::-1]
+    more = len(rows) > limit
+    # Lines at or past ``before`` are the ones the viewer already holds.
+    return Window(rows[int(more) :], more_before=more, more_after=before is not None)
+
+
+def _rows(lines: QuerySet[LaunchLogLine]) -> list[Row]:
+    return [(s, t, lv, r) for s, t, lv, r in lines.values_list(*_FIELDS)]
+
+
+def search(launch: Launch, text: str, filters: Filters = Filters()) -> tuple[int, list[Row]]:  # noqa: B008
+    """Stored lines containing ``text`` (case-insensitive), the first ``MATCHES_MAX`` in order,
+    and how many there are (counted up to ``COUNT_MAX``)."""
+    lines = filters.apply(launch, launch.lines.filter(text__icontains=text)).order_by("seq")
+    rows = _rows(lines[:MATCHES_MAX])
+    if len(rows) < MATCHES_MAX:
+        return len(rows), rows
+    return lines[:COUNT_MAX].count(), rows
+
+
+def ranks(launch: Launch) -> list[str]:
+    """The ranks that wrote lines, as the prefixes name them, in order (``TP2`` before
+    ``TP10``). Read from the first and the last ``RANK_SAMPLE`` lines: every rank prints at
+    start-up, and a million-line log is not scanned for it."""
+    lines = launch.lines.exclude(rank="").values_list("rank", flat=True)
+    found = set(lines.order_by("seq")[:RANK_SAMPLE]) | set(lines.order_by("-seq")[:RANK_SAMPLE])
+    return sorted(found, key=lambda r: [(len(p), p) for p in r.split()])

@@ -1,0 +1,271 @@
+"""A launch's log for the viewer: windows of stored lines by sequence number, search over all of
+them, the whole log as a download, and the live stream.
+
+The live stream is Server-Sent Events. It replays stored lines after ``Last-Event-ID`` (or
+``?after=``) from the database, then relays what the follower publishes on the launch's Redis
+channel: the lines themselves, published before their batch is committed, so a line reaches the
+browser without waiting for the database. Sequence numbers keep it exact: a published batch that
+does not follow the last line sent (a message missed, a reconnect) is read from the database,
+which by then holds every batch before it (the follower commits one before publishing the
+next). Without Redis it reads the database every half-second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.decorators import login_required
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseBase,
+    JsonResponse,
+    StreamingHttpResponse,
+)
+from django.shortcuts import get_object_or_404
+from django.views.decorators.http import require_GET
+from redis.exceptions import RedisError
+
+from nodes.live import channel
+from nodes.models import Launch, LaunchLogLine
+from nodes.models.choices import LAUNCH_ENDED, Role
+from nodes.services import bundles, log_view
+from nodes.services.roles import has_role
+from nodes.services.teams import visible_launches
+
+#: Lines one event or poll carries at most.
+BATCH = 1000
+#: A search needs this many characters (fewer would match most lines of a long log).
+SEARCH_MIN = 2
+SEARCH_MAX = 200
+
+
+def _seen(request: HttpRequest) -> Any:
+    return visible_launches(request.user)
+
+
+def _seq(text: str | None) -> int | None:
+    """A sequence number from a query parameter, or ``None`` when absent or not one."""
+    if text is None or not text.isdigit() or len(text) > 10:
+        return None
+    return int(text)
+
+
+def _done(launch: Launch) -> bool:
+    return launch.status in LAUNCH_ENDED and (launch.log_complete or not launch.started)
+
+
+@require_GET
+@login_required
+def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
+    """Stored lines as ``[seq, text, level, rank]`` (level 0 information, 1 warning, 2 error):
+    after ``?after=SEQ`` (the live stream's polling fallback), before ``?before=SEQ`` (scrolling
+    back), around ``?around=SEQ`` (a jump to a line or a match), or the last ones; at most
+    ``?limit=`` (1,000). ``?level=warning|error``, ``?rank=TP3`` and ``?evidence=1`` filter.
+    400 with ``error`` for a filter it does not take."""
+    launch = get_object_or_404(_seen(request), pk=pk)
+    try:
+        filters = log_view.Filters.of(request.GET)
+    except log_view.BadFilter as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    found = log_view.window(
+        launch,
+        after=_seq(request.GET.get("after")),
+        before=_seq(request.GET.get("before")),
+        around=_seq(request.GET.get("around")),
+        limit=_seq(request.GET.get("limit")) or BATCH,
+        filters=filters,
+    )
+    return JsonResponse(
+        {
+            "lines": found.rows,
+            "more_before": found.more_before,
+            "more_after": found.more_after,
+            "status": launch.status,
+            "last_seq": launch.last_seq,
+            "ended": _done(launch),
+        }
+    )
+
+
+@require_GET
+@login_required
+def launch_search(request: HttpRequest, pk: int) -> JsonResponse:
+    """Stored lines containing ``?q=`` (case-insensitive, 2–200 characters), with the viewer's
+    filters: ``{"count", "matches": [[seq, text, level, rank], …]}`` (the first 200 in order;
+    the count goes to 100,000). 400 with ``error`` for a search it does not take."""
+    launch = get_object_or_404(_seen(request), pk=pk)
+    text = request.GET.get("q", "")
+    if not SEARCH_MIN <= len(text) <= SEARCH_MAX or "\x00" in text:
+        return JsonResponse(
+            {"error": f"search for {SEARCH_MIN} to {SEARCH_MAX} characters"}, status=400
+        )
+    try:
+        filters = log_view.Filters.of(request.GET)
+    except log_view.BadFilter as exc:
+        return JsonResponse({"error": str(exc)}, status=400)
+    count, matches = log_view.search(launch, text, filters)
+    return JsonResponse({"count": count, "matches": matches, "capped": count >= log_view.COUNT_MAX})
+
+
+@require_GET
+@login_required
+def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """The whole log as text: the archive when lines were dropped from the database."""
+    launch = get_object_or_404(_seen(request), pk=pk)
+    name = f"launch-{launch.pk}.log"
+    if launch.log_archive:
+        response: HttpResponseBase = StreamingHttpResponse(
+            bundles.archived_log(launch), content_type="text/plain; charset=utf-8"
+        )
+    else:
+
+        def lines() -> Iterator[str]:
+            query = launch.lines.order_by("seq").values_list("seq", "text")
+            previous = 0
+            for seq, text in query.iterator(chunk_size=5000):
+                if seq != previous + 1:
+                    yield f"[rankwise: lines {previous + 1}–{seq - 1} were not kept]\n"
+                previous = seq
+                yield text + "\n"
+
+        response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="{name}"'
+    return response
+
+
+async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
+    """The live log as Server-Sent Events: ``lines`` events (id = last seq, data = [[seq, text,
+    level, rank], …]), ``state`` when the status or phase changed, ``end`` when nothing more
+    comes."""
+    user = await request.auser()
+    if not user.is_authenticated or not await sync_to_async(has_role)(user, Role.VIEWER):
+        return HttpResponse("Log in to follow this launch.", status=403)
+    seen = await sync_to_async(visible_launches)(user)
+    if not await seen.filter(pk=pk).aexists():
+        return HttpResponse("No such launch.", status=404)
+    after = _seq(request.headers.get("Last-Event-ID") or request.GET.get("after")) or 0
+    response = StreamingHttpResponse(_events(pk, after), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def _event(rows: list[Any]) -> str:
+    return f"id: {rows[-1][0]}\nevent: lines\ndata: {json.dumps(rows)}\n\n"
+
+
+async def _events(pk: int, after: int) -> AsyncIterator[str]:
+    client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1)
+    pubsub: Any = None
+    last, shown, quiet = after, None, 0.0
+    try:
+        yield "retry: 1000\n\n"
+        while True:
+            if pubsub is None:
+                pubsub = await _subscribe(client, pk)
+            rows: list[Any] = [
+                list(row)
+                async for row in LaunchLogLine.objects.filter(launch_id=pk, seq__gt=last)
+                .order_by("seq")
+                .values_list("seq", "text", "level", "rank")[:BATCH]
+            ]
+            if rows:
+                last = int(rows[-1][0])
+                quiet = 0.0
+                yield _event(rows)
+                if len(rows) == BATCH:
+                    continue
+            state = (
+                await Launch.objects.filter(pk=pk)
+                .values("status", "progress", "last_seq", "log_complete", "started", "health_at")
+                .afirst()
+            )
+            if state is None:
+                return
+            now = (state["status"], json.dumps(state["progress"]), state["health_at"])
+            if now != shown:
+                shown = now
+                yield f"event: state\ndata: {json.dumps({'status': state['status']})}\n\n"
+            ended = state["status"] in LAUNCH_ENDED
+            if (
+                ended
+                and last >= state["last_seq"]
+                and (state["log_complete"] or not state["started"])
+            ):
+                yield "event: end\ndata: {}\n\n"
+                return
+            # Relay published lines straight on while they follow the last one sent; anything
+            # else (word without lines, a gap, a second without word) goes round the database.
+            waited = asyncio.get_running_loop().time()
+            while True:
+                pubsub, message = await _wait(pubsub)
+                published = _published(message, last)
+                if published is None:
+                    break
+                if published:
+                    last = int(published[-1][0])
+                    quiet = 0.0
+                    yield _event(published)
+                if asyncio.get_running_loop().time() - waited >= 1.0:
+                    break
+            quiet += 1.0
+            if quiet >= 15:
+                quiet = 0.0
+                yield ": keep-alive\n\n"
+    finally:
+        if pubsub is not None:
+            with contextlib.suppress(RedisError):
+                await pubsub.aclose()
+        await client.aclose()
+
+
+def _published(message: Any, last: int) -> list[Any] | None:
+    """The published lines after ``last`` when they follow it with no gap (``[]`` when all were
+    sent already), else ``None``: the caller reads the database."""
+    if not isinstance(message, dict) or not isinstance(message.get("data"), bytes | str):
+        return None
+    try:
+        word = json.loads(message["data"])
+    except ValueError:
+        return None
+    rows = word.get("rows") if isinstance(word, dict) else None
+    if not isinstance(rows, list) or not rows:
+        return None
+    fresh = [
+        row
+        for row in rows
+        if isinstance(row, list) and row and isinstance(row[0], int) and row[0] > last
+    ]
+    if fresh and fresh[0][0] != last + 1:
+        return None
+    return fresh
+
+
+async def _subscribe(client: aioredis.Redis, pk: int) -> Any:
+    try:
+        pubsub = client.pubsub()
+        await pubsub.subscribe(channel(pk))
+        return pubsub
+    except (RedisError, OSError):
+        return None
+
+
+async def _wait(pubsub: Any) -> tuple[Any, Any]:
+    """The next word from the follower, waiting at most a second; without Redis, half a second
+    and no word. Returns the subscription (``None`` when Redis went away) and the message."""
+    if pubsub is None:
+        await asyncio.sleep(0.5)
+        return None, None
+    try:
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        return pubsub, message
+    except (RedisError, OSError):
+        return None, None
