@@ -36,6 +36,7 @@
   let following = true;
   let arrived = 0; // lines received while paused (matching the filters)
   let loading = false;
+  let live = true; // until the stream says the log is complete
   let queue = []; // live rows waiting for the next frame
   let query = "";
   let matches = [];
@@ -107,41 +108,58 @@
       `${spans.length} decode-batch line${spans.length === 1 ? "" : "s"}, latest: ` +
       latest.textContent.trim();
   }
-  // Rows (ascending) as nodes: runs of decode-batch lines go into a counted group.
+  const isGroup = (node) => Boolean(node && node.classList && node.classList.contains("decode-group"));
+  const isDecode = (node) => Boolean(node && (isGroup(node) || node.dataset.decode));
+  // Rows (ascending) as nodes: a run of two or more decode-batch lines is one counted group.
   function nodes(rows) {
     const out = [];
+    let run = [];
+    const close = () => {
+      if (run.length >= 2 && collapsing()) {
+        const g = group();
+        g.append(...run);
+        label(g);
+        out.push(g);
+      } else out.push(...run);
+      run = [];
+    };
     for (const row of rows) {
       const span = line(row);
-      if (collapsing() && span.dataset.decode) {
-        let g = out[out.length - 1];
-        if (!(g && g.classList && g.classList.contains("decode-group"))) out.push((g = group()));
-        g.append(span);
-      } else out.push(span);
+      if (span.dataset.decode) run.push(span);
+      else {
+        close();
+        out.push(span);
+      }
     }
-    for (const g of out) if (g.classList.contains("decode-group")) label(g);
+    close();
     return out;
+  }
+  // A run of decode-batch lines that goes on past the window's edge joins the one shown there.
+  function join(edge, made, atEnd) {
+    if (!collapsing() || !isDecode(edge) || !isDecode(made)) return false;
+    let g = edge;
+    if (!isGroup(edge)) {
+      g = group();
+      edge.replaceWith(g);
+      g.append(edge);
+    }
+    const spans = isGroup(made) ? [...made.querySelectorAll("span[data-seq]")] : [made];
+    if (atEnd) g.append(...spans);
+    else g.firstChild.after(...spans);
+    label(g);
+    return true;
   }
   function append(rows) {
     if (!rows.length) return;
     const made = nodes(rows);
-    const tail = log.lastElementChild;
-    // A run of decode-batch lines that goes on joins the group already shown.
-    if (made[0].classList.contains("decode-group") && tail && tail.classList.contains("decode-group")) {
-      tail.append(...made.shift().querySelectorAll("span[data-seq]"));
-      label(tail);
-    }
+    if (join(log.lastElementChild, made[0], true)) made.shift();
     log.append(...made);
     count += rows.length;
   }
   function prepend(rows) {
     if (!rows.length) return;
     const made = nodes(rows);
-    const head = log.firstElementChild;
-    const end = made[made.length - 1];
-    if (end.classList.contains("decode-group") && head && head.classList.contains("decode-group")) {
-      head.firstChild.after(...made.pop().querySelectorAll("span[data-seq]"));
-      label(head);
-    }
+    if (join(log.firstElementChild, made[made.length - 1], false)) made.pop();
     log.prepend(...made);
     count += rows.length;
   }
@@ -181,9 +199,10 @@
       return;
     }
     followButton.hidden = false;
-    followButton.textContent = arrived
-      ? `Follow live (${arrived.toLocaleString()} new line${arrived === 1 ? "" : "s"})`
-      : "Follow live";
+    if (!live) followButton.textContent = "Go to the end";
+    else if (arrived) {
+      followButton.textContent = `Follow live (${arrived.toLocaleString()} new line${arrived === 1 ? "" : "s"})`;
+    } else followButton.textContent = "Follow live";
   }
 
   // --- reading the stored log ------------------------------------------------------------------
@@ -193,20 +212,25 @@
     if (!response.ok) throw new Error((await response.json()).error || response.statusText);
     return response.json();
   }
-  async function guarded(work) {
-    if (loading) return;
+  // One read at a time for scrolling; what the operator asked for (a jump, the end, a filter)
+  // goes ahead at once, and a scroll read it overtook is dropped when it answers.
+  let generation = 0;
+  async function guarded(work, asked = false) {
+    if (loading && !asked) return;
+    const mine = ++generation;
     loading = true;
     try {
-      await work();
+      await work(() => mine === generation);
     } catch (error) {
       status.textContent = `Could not read the log: ${error.message}`;
     } finally {
-      loading = false;
+      if (mine === generation) loading = false;
     }
   }
   function toTail() {
-    return guarded(async () => {
+    return guarded(async (current) => {
       const doc = await read(new URLSearchParams({ limit: String(PAGE * 2) }));
+      if (!current()) return;
       replace(doc.lines, doc);
       atTail = true;
       following = true;
@@ -214,11 +238,12 @@
       queue = [];
       log.scrollTop = log.scrollHeight;
       say();
-    });
+    }, true);
   }
   function jump(seq) {
-    return guarded(async () => {
+    return guarded(async (current) => {
       const doc = await read(new URLSearchParams({ around: String(seq), limit: String(PAGE * 2) }));
+      if (!current()) return;
       replace(doc.lines, doc);
       following = false;
       arrived = 0;
@@ -229,15 +254,16 @@
         target.classList.add("current");
         const holder = target.closest("details");
         if (holder) holder.open = true;
-        log.scrollTop = target.offsetTop - log.offsetTop - log.clientHeight / 2;
+        target.scrollIntoView({ block: "center" });
       }
       say();
-    });
+    }, true);
   }
   function earlier() {
-    return guarded(async () => {
+    return guarded(async (current) => {
       const [first] = seqs();
       const doc = await read(new URLSearchParams({ before: String(first), limit: String(PAGE) }));
+      if (!current()) return;
       const height = log.scrollHeight;
       prepend(doc.lines);
       moreBefore = doc.more_before;
@@ -251,9 +277,10 @@
     });
   }
   function later() {
-    return guarded(async () => {
+    return guarded(async (current) => {
       const [, end] = seqs();
       const doc = await read(new URLSearchParams({ after: String(end), limit: String(PAGE) }));
+      if (!current()) return;
       append(doc.lines);
       if (count > CAP) {
         const height = log.scrollHeight;
@@ -270,15 +297,15 @@
     });
   }
   let ticking = false;
+  const atBottom = () => log.scrollHeight - log.scrollTop - log.clientHeight < 40;
   log.addEventListener("scroll", () => {
+    // Decided at once, before a frame's live lines could scroll the window back down.
+    following = atBottom() && atTail;
     if (ticking) return;
     ticking = true;
     requestAnimationFrame(() => {
       ticking = false;
-      const bottom = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
-      if (bottom && !atTail) later();
-      else if (bottom) following = true;
-      else following = false;
+      if (atBottom() && !atTail) later();
       if (log.scrollTop < 200 && moreBefore) earlier();
       say();
     });
@@ -345,6 +372,13 @@
     if (!queue.length) return;
     let rows = queue;
     queue = [];
+    if (!following) {
+      // Scrolled up since these came: they wait in the stored log like the rest.
+      arrived += rows.length;
+      atTail = false;
+      say();
+      return;
+    }
     if (rows.length > CAP) {
       rows = rows.slice(-CAP);
       moreBefore = true;
@@ -363,6 +397,8 @@
     // A banner about what was under way ("Stopping launch #N…") is done once the log ends.
     for (const note of document.querySelectorAll(".message-transient")) note.remove();
     status.textContent = "Log complete.";
+    live = false;
+    say();
   }
   function poll() {
     // Fallback when the stream cannot be kept open: read stored lines every second.

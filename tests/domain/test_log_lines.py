@@ -17,7 +17,7 @@ from nodes.domain.log_lines import ERROR, INFO, WARNING, is_decode_batch, level_
         ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/NCCLUtils.hpp:275", ERROR),
         ("[2026-01-01 00:06:00 TP3] Scheduler hit an exception: Traceback", ERROR),
         (
-            "[2026-01-01 00:06:00] Rank 0 scheduler is dead. Please check if there are relevant logs.",
+            "[2026-01-01 00:06:00] Rank 0 scheduler is dead. Please check the relevant logs.",
             ERROR,
         ),
         ("/usr/lib/python3/site.py:12: UserWarning: TypedStorage is deprecated.", WARNING),

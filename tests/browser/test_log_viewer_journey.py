@@ -1,0 +1,143 @@
+"""Journeys (issue 21, item 1): the log viewer holds a bounded window of a long log, reads more as
+you scroll, searches and jumps over the whole stored log, filters and groups decode-batch lines;
+live, it follows a chatty server with the window still bounded, pauses when you scroll up and
+says how many lines came meanwhile."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+from playwright.sync_api import expect
+
+from nodes.domain.log_lines import level_of, rank_of
+from nodes.models import LaunchLogLine
+from nodes.models.choices import LaunchStatus
+from nodes.workflows import launching
+from tests.browser.test_node_journey import log_in
+from tests.browser.test_reuse_journey import ready_node
+from tests.factories import make_user
+from tests.launches.test_views_launches import make_launch
+from tests.launches.test_views_launches import node as node  # noqa: F401 - fixtures
+from tests.launches.test_views_launches import revision as revision  # noqa: F401
+from tests.launching import wait_for
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+CAP = 3000
+LINES = "document.querySelectorAll('#launch-log span[data-seq]')"
+
+
+def _text(i: int) -> str:
+    if i % 2000 == 0:
+        return f"[2026-01-01 00:00:00 TP1] RuntimeError: needle {i}"
+    if i % 10 in (3, 4, 5, 6):
+        return f"[2026-01-01 00:00:00 TP0] Decode batch, #running-req: {i % 50}, #token: {i}"
+    return f"[2026-01-01 00:00:00 TP0] line {i}"
+
+
+def _count(page) -> int:
+    return int(page.evaluate(f"{LINES}.length"))
+
+
+def _seqs(page) -> tuple[int, int]:
+    first, last = page.evaluate(
+        f"(() => {{ const s = {LINES}; "
+        "return [+s[0].dataset.seq, +s[s.length - 1].dataset.seq]; })()"
+    )
+    return int(first), int(last)
+
+
+def test_a_long_stored_log_is_read_in_windows_searched_and_jumped_through(
+    panel,
+    page,
+    node,
+    revision,  # noqa: F811
+):
+    make_user("vera", "viewer")
+    launch = make_launch(revision, node, status=LaunchStatus.STOPPED, last_seq=20_000,
+                         log_complete=True)  # fmt: skip
+    LaunchLogLine.objects.bulk_create(
+        (
+            LaunchLogLine(launch=launch, seq=i, text=t, level=level_of(t), rank=rank_of(t))
+            for i in range(1, 20_001)
+            for t in [_text(i)]
+        ),
+        batch_size=5000,
+    )
+    log_in(page, panel.url, "vera")
+    page.goto(f"{panel.url}{reverse('nodes:launch-detail', args=[launch.pk])}")
+    expect(page.locator("#line-20000")).to_be_attached()
+    assert _seqs(page) == (19_001, 20_000)
+    # Decode-batch lines come as counted groups with the latest one in view.
+    summary = page.locator("#launch-log details.decode-group > summary").last
+    expect(summary).to_contain_text("4 decode-batch lines, latest: ")
+    expect(summary).to_contain_text("#token: 19996")
+    # Scrolling to the top reads earlier lines, and the window stays bounded.
+    for _ in range(6):
+        before = _seqs(page)[0]
+        page.evaluate("document.getElementById('launch-log').scrollTop = 0")
+        page.wait_for_function(f"(n) => +{LINES}[0].dataset.seq < n", arg=before, timeout=10_000)
+        assert _count(page) <= CAP
+    assert _seqs(page)[0] < 17_000 and _count(page) == CAP
+    expect(page.get_by_role("button", name="Go to the end")).to_be_visible()
+    # Search the whole log: ten matches, the first shown and marked.
+    page.get_by_label("Search the whole log").fill("needle")
+    page.get_by_role("button", name="Search", exact=True).click()
+    expect(page.locator("#log-matches")).to_have_text("10 matches")
+    expect(page.locator("#line-2000 mark")).to_have_text("needle")
+    page.get_by_role("button", name="Next match").click()
+    expect(page.locator("#line-4000.current")).to_be_attached()
+    assert _count(page) <= CAP
+    # Jump to a line far from any match.
+    page.get_by_label("Go to line").fill("12345")
+    page.get_by_role("button", name="Go to line").click()
+    expect(page.locator("#line-12345.current")).to_be_in_viewport()
+    # Errors only: the ten error lines and nothing else.
+    page.get_by_label("Show").select_option("error")
+    page.wait_for_function(f"{LINES}.length === 10")
+    assert _seqs(page) == (2000, 20_000)
+    # A filter shows the end of what it keeps.
+    expect(page.get_by_role("button", name="Go to the end")).to_be_hidden()
+
+
+def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scrolled_up(
+    panel, page, sim_fleet, launch_workers
+):
+    spare = ready_node(sim_fleet["spare"])
+    olga = make_user("olga", "operator")
+    command = (
+        "SGLANG_STANDIN_CHATTER=500 SGLANG_STANDIN_CHATTER_SECONDS=30 python3 -m "
+        "sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
+    )
+    launch = launching.submit(node=spare, command=command, actor=olga)
+    assert wait_for(launch, "ready", "failed", "blocked", timeout=120) == "ready"
+    log_in(page, panel.url, "olga")
+    page.goto(f"{panel.url}{reverse('nodes:launch-detail', args=[launch.pk])}")
+    expect(page.locator("#log-status")).to_have_text("Following live.")
+    # The chatter outgrows the window; the page keeps the newest CAP lines.
+    page.wait_for_function(f"+{LINES}[{LINES}.length - 1].dataset.seq > {CAP + 2000}",
+                           timeout=60_000)  # fmt: skip
+    assert _count(page) <= CAP
+    # The chatter is decode-batch lines: one counted group, the latest in its summary.
+    summary = page.locator("#launch-log details.decode-group > summary")
+    expect(summary).to_have_count(1)
+    expect(summary).to_contain_text("decode-batch lines, latest: ")
+    page.get_by_label("Group decode-batch lines").uncheck()
+    page.wait_for_function(f"{LINES}.length > 500 && !document.querySelector('.decode-group')")
+    page.evaluate(
+        "(log => { log.scrollTop = log.scrollHeight; })(document.getElementById('launch-log'))"
+    )
+    # Scrolling up pauses: new lines are counted, not shown.
+    page.evaluate("document.getElementById('launch-log').scrollTop = 400")
+    follow = page.get_by_role("button", name="Follow live")
+    expect(follow).to_contain_text("new line")
+    held = _seqs(page)[1]
+    page.wait_for_function(
+        "() => /\\(([\\d,]+) new/.test(document.getElementById('log-follow').textContent) && "
+        "+document.getElementById('log-follow').textContent.match(/\\(([\\d,]+) new/)[1]"
+        ".replace(/,/g, '') > 500"
+    )
+    assert _seqs(page)[1] <= held + 5  # a frame already queued may land
+    follow.click()
+    expect(follow).to_be_hidden()
+    page.wait_for_function(f"+{LINES}[{LINES}.length - 1].dataset.seq > {held + 500}")
+    assert _count(page) <= CAP

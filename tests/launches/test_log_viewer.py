@@ -1,0 +1,119 @@
+"""The log viewer's reads (issue 21, item 1): windows of stored lines by sequence number, filters
+by level, rank and the diagnosis's evidence, search over the whole log; bad input is a 400 that
+says what is taken."""
+
+from __future__ import annotations
+
+import pytest
+from django.urls import reverse
+
+from nodes.domain.log_lines import level_of, rank_of
+from nodes.models import LaunchLogLine
+from nodes.models.choices import LaunchStatus
+from tests.launches.test_views_launches import make_launch, node, revision  # noqa: F401
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _text(i: int) -> str:
+    if i % 1000 == 0:
+        return f"[2026-01-01 00:00:00 TP{i % 3}] RuntimeError: needle number {i}"
+    if i % 250 == 0:
+        return f"[2026-01-01 00:00:00 TP1] WARNING: slow step at line {i}"
+    if i % 10 == 0:
+        return "[2026-01-01 00:00:00 TP0] Decode batch, #running-req: 4, #token: 900"
+    return f"[2026-01-01 00:00:00 TP{i % 2}] line {i}"
+
+
+@pytest.fixture
+def long_log(node, revision):  # noqa: F811
+    launch = make_launch(
+        revision,
+        node,
+        status=LaunchStatus.FAILED,
+        last_seq=10_000,
+        log_complete=True,
+        diagnosis={"category": "x", "evidence": [{"line": 3000, "text": "t"}, {"line": 7}]},
+    )
+    LaunchLogLine.objects.bulk_create(
+        (
+            LaunchLogLine(launch=launch, seq=i, text=t, level=level_of(t), rank=rank_of(t))
+            for i in range(1, 10_001)
+            for t in [_text(i)]
+        ),
+        batch_size=2000,
+    )
+    return launch
+
+
+def _lines(client, launch, query: str) -> dict:
+    answer = client.get(reverse("nodes:launch-lines", args=[launch.pk]) + query)
+    assert answer.status_code == 200, answer.content
+    return dict(answer.json())
+
+
+def test_windows_after_before_and_around_a_line(viewer_client, long_log):
+    last = _lines(viewer_client, long_log, "?limit=100")
+    assert [r[0] for r in last["lines"]] == list(range(9901, 10_001))
+    assert last["more_before"] and not last["more_after"] and last["ended"]
+    earlier = _lines(viewer_client, long_log, "?before=9901&limit=50")
+    assert [r[0] for r in earlier["lines"]] == list(range(9851, 9901)) and earlier["more_after"]
+    around = _lines(viewer_client, long_log, "?around=5000&limit=10")
+    assert [r[0] for r in around["lines"]] == list(range(4995, 5005))
+    assert around["lines"][5][1].endswith("needle number 5000") and around["lines"][5][2] == 2
+    first = _lines(viewer_client, long_log, "?after=0&limit=3")
+    assert [r[0] for r in first["lines"]] == [1, 2, 3] and not first["more_before"]
+    # A window is bounded whatever is asked.
+    assert len(_lines(viewer_client, long_log, "?after=0&limit=999999")["lines"]) == 1000
+
+
+def test_filters_by_level_rank_and_evidence(viewer_client, long_log):
+    errors = _lines(viewer_client, long_log, "?level=error")["lines"]
+    assert [r[0] for r in errors] == list(range(1000, 10_001, 1000))
+    flagged = _lines(viewer_client, long_log, "?level=warning&before=2000")["lines"]
+    assert [r[0] for r in flagged] == [250, 500, 750, 1000, 1250, 1500, 1750]
+    tp1_errors = _lines(viewer_client, long_log, "?level=error&rank=TP1")["lines"]
+    assert [r[0] for r in tp1_errors] == [1000, 4000, 7000, 10_000]
+    assert {r[3] for r in tp1_errors} == {"TP1"}
+    evidence = _lines(viewer_client, long_log, "?evidence=1")["lines"]
+    assert [r[0] for r in evidence] == [7, 3000]
+
+
+def test_search_over_the_whole_log_counts_and_lists_matches(viewer_client, long_log):
+    url = reverse("nodes:launch-search", args=[long_log.pk])
+    found = viewer_client.get(url, {"q": "NEEDLE number"}).json()
+    assert found["count"] == 10
+    assert [m[0] for m in found["matches"]] == list(range(1000, 10_001, 1000))
+    many = viewer_client.get(url, {"q": "line"}).json()
+    # 9,000 plain lines and 30 warnings name a line.
+    assert many["count"] == 9030 and len(many["matches"]) == 200
+    within = viewer_client.get(url, {"q": "needle", "rank": "TP0"}).json()
+    assert [m[0] for m in within["matches"]] == [3000, 6000, 9000]
+
+
+@pytest.mark.parametrize(
+    ("where", "query", "said"),
+    [
+        ("nodes:launch-search", {"q": "x"}, "search for 2 to 200 characters"),
+        ("nodes:launch-search", {"q": "a\x00b"}, "search for 2 to 200 characters"),
+        ("nodes:launch-search", {"q": "ab", "level": "loud"}, "level is warning or error"),
+        ("nodes:launch-lines", {"level": "info"}, "level is warning or error"),
+        ("nodes:launch-lines", {"rank": "T" * 40}, "rank is a prefix such as TP3"),
+    ],
+)
+def test_bad_viewer_input_is_a_clear_400(viewer_client, long_log, where, query, said):
+    answer = viewer_client.get(reverse(where, args=[long_log.pk]), query)
+    assert answer.status_code == 400 and answer.json() == {"error": said}
+
+
+def test_numbers_that_are_not_sequence_numbers_read_the_last_lines(viewer_client, long_log):
+    for bad in ("?after=-5", "?before=abc", "?around=1e9", "?limit=0"):
+        doc = _lines(viewer_client, long_log, bad)
+        assert doc["lines"][-1][0] == 10_000, bad
+
+
+def test_the_page_opens_with_the_last_thousand_lines_and_the_ranks(viewer_client, long_log):
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[long_log.pk])).content.decode()
+    assert page.count('<span data-seq="') == 1000 and 'id="line-10000"' in page
+    assert 'id="line-9000"' not in page and 'data-more-before="true"' in page
+    assert "<option>TP0</option><option>TP1</option><option>TP2</option>" in page
