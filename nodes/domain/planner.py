@@ -70,8 +70,9 @@ def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> l
     """The changes the planner weighs, least change first: none; a higher
     ``--mem-fraction-static`` (steps of ``MFS_STEP`` up to ``MAX_MFS``, which is always
     tried); an fp8 KV cache (alone and with each of those fractions); more GPUs for tensor
-    parallelism (powers of two up to the node's count). A fraction outside (0, ``MAX_MFS``)
-    or a TP size below 1 (which the budget blocks anyway) adds no step of its own."""
+    parallelism (powers of two up to the node's count), alone and with the fp8 KV cache. A
+    fraction outside (0, ``MAX_MFS``) or a TP size below 1 (which the budget blocks anyway) adds
+    no step of its own."""
     found: list[dict[str, Any]] = [{}]
     steps: list[int] = []
     if mfs is not None and math.isfinite(mfs) and 0 < mfs < MAX_MFS:
@@ -84,6 +85,8 @@ def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> l
     wider = tp * 2
     while 2 <= wider <= gpus:
         found.append({"--tp-size": wider})
+        if kv_dtype in WIDE_KV:
+            found.append({"--tp-size": wider, "--kv-cache-dtype": FP8_KV})
         wider *= 2
     return found
 

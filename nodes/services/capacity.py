@@ -10,9 +10,11 @@ from typing import Any
 from django.http import HttpRequest
 
 from nodes.domain import capacity, remedy
+from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch, ProfileRevision
 from nodes.services.model_facts import model_of
+from nodes.services.planner import mem_fraction_of
 from nodes.services.profiles import checker, evaluate, node_memory_for, save_revision
 from nodes.types import Actor
 
@@ -79,11 +81,19 @@ def capacity_of(launch: Launch) -> dict[str, Any]:
     info = launch.server_info if isinstance(launch.server_info, dict) else {}
     server = _server(launch)
     found = bottleneck_of(launch)
-    mfs = info.get("mem_fraction_static")
+    served = info.get("mem_fraction_static")
+    if isinstance(served, int | float) and not isinstance(served, bool):
+        mfs: float | None = float(served)
+    else:  # a server that does not say: the fraction as the budget resolves it
+        node = launch.node
+        flags = parse_command(
+            list(launch.revision.args), table(node.sglang_version or DEFAULT_VERSION)
+        )
+        mfs = mem_fraction_of(flags, node_memory_for(node, launch.revision.profile.name))
     offered = capacity.options(
         found,
         server,
-        mfs=float(mfs) if isinstance(mfs, int | float) and not isinstance(mfs, bool) else None,
+        mfs=mfs,
         kv_dtype=str(info.get("kv_cache_dtype") or "auto"),
         recheck=_rechecker(launch),
         node_gpus=launch.node.gpus.count(),

@@ -8,7 +8,7 @@ import math
 from nodes.domain import planner
 from nodes.domain.budget_device import default_mem_fraction, parallel_of
 from nodes.domain.budget_types import NodeMemory
-from nodes.domain.sglang_flags import parse_command
+from nodes.domain.sglang_flags import ParsedCommand, parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Node
 from nodes.services.model_facts import ModelFacts
@@ -30,18 +30,23 @@ def plan_for(
     parallel = parallel_of(flags)
     if not flags.values:
         return []  # flags SGLang refuses: nothing to plan from
-    given = flags.get("mem_fraction_static")
-    gpu_bytes = max(memory.gpu_memory_bytes, default=0)
-    if given is not None:
-        mfs: float | None = float(given) if math.isfinite(float(given)) else None
-    else:  # SGLang's default for the card, as the budget takes it
-        mfs = default_mem_fraction(gpu_bytes, parallel.tp, parallel.pp) if gpu_bytes else None
-
     check = checker(args, node, model, env=env, memory=memory)
     changes = planner.changes_to_try(
-        mfs=mfs,
+        mfs=mem_fraction_of(flags, memory),
         kv_dtype=parallel.dtype,
         tp=parallel.tp,
         gpus=len(memory.gpu_memory_bytes) or parallel.tp,
     )
     return planner.plan(workload, changes, check)
+
+
+def mem_fraction_of(flags: ParsedCommand, memory: NodeMemory) -> float | None:
+    """``--mem-fraction-static`` as given, else SGLang's default for the node's cards as the
+    budget takes it (``domain.budget_device.default_mem_fraction``); ``None`` when neither is
+    known or the value is not a number."""
+    given = flags.get("mem_fraction_static")
+    if given is not None:
+        return float(given) if math.isfinite(float(given)) else None
+    gpu_bytes = max(memory.gpu_memory_bytes, default=0)
+    parallel = parallel_of(flags)
+    return default_mem_fraction(gpu_bytes, parallel.tp, parallel.pp) if gpu_bytes else None

@@ -73,3 +73,18 @@ def test_a_workload_out_of_bounds_is_refused(args):
 def test_nonsense_flags_add_no_endless_or_huge_list_of_changes(mfs, tp):
     changes = changes_to_try(mfs=mfs, kv_dtype="auto", tp=tp, gpus=8)
     assert len(changes) <= 20 and changes[0] == {}
+
+
+def test_more_gpus_with_an_fp8_cache_is_weighed_when_neither_alone_reaches():
+    # A helper's trial: neither change alone reached the target, and the planner said none did,
+    # though the two together did.
+    def check(change: dict) -> Checked:
+        pool = 100_000 * (change.get("--tp-size", 2) // 2)
+        pool *= 2 if change.get("--kv-cache-dtype") else 1
+        return Checked("ok", pool)
+
+    changes = changes_to_try(mfs=None, kv_dtype="auto", tp=2, gpus=4)
+    plans = plan(Workload(4000, 400, 80), changes, check)
+    first = plans[0]
+    assert first.reaches and first.change == {"--tp-size": 4, "--kv-cache-dtype": "fp8_e5m2"}
+    assert first.requests_that_fit == 400_000 // 4400

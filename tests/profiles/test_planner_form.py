@@ -66,7 +66,7 @@ def test_a_target_no_setting_reaches_says_how_far_the_best_falls_short(operator_
     body = body.decode()
     assert "No setting tried here reaches 150 at once on gpu-01" in body
     best = max(fit for _, fit in _rows(body))
-    assert f"at most {best} whole requests of 4400 tokens" in body and best < 150
+    assert f"at most {best:,} whole requests of 4,400 tokens" in body and best < 150
     assert "A host pool (HiCache) holds prefixes, not running requests" in body
 
 

@@ -85,6 +85,21 @@ def test_logged_kv_pool_matches_bytes_per_token(sim_fleet):
     node.ok("pkill -TERM -f '^sglang::http_server'")
 
 
+def test_server_info_serves_the_resolved_fraction_and_sglangs_input_limit(sim_fleet):
+    # ServerArgs resolves --mem-fraction-static before serving it; tp_worker.py limits an input
+    # to min(context_len - 1, pool - 1) - 5 tokens.
+    node = sim_fleet["incident"]
+    node.reboot()
+    start(node, "--model-path /srv/models/llama-3-70b --tp-size 8 --max-total-tokens 4000")
+    assert wait_until(lambda: health(node) == "200", 40), log_of(node)
+    info = json.loads(node.ok("curl -s http://127.0.0.1:30000/get_server_info"))
+    total = int(node.ok("nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits"
+                        " -i 0").strip()) * 2**20  # fmt: skip
+    assert info["mem_fraction_static"] == round(memory.default_mem_fraction(total, 8, 1), 3)
+    assert info["max_total_num_tokens"] == 4000 and info["max_req_input_len"] == 4000 - 1 - 5
+    node.ok("pkill -TERM -f '^sglang::http_server'")
+
+
 def test_weights_per_rank_follow_sglangs_loading_rules():
     """Kimi-K2.5 INT4 at TP8: checkpoint ÷ 8 plus the replicated tensors, the w_kc/w_vc copies
     and allocator slack: 72.42 GiB on every rank in the seed incident's log (sglang.md §3b)."""

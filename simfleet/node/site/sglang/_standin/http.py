@@ -131,6 +131,7 @@ def _handler(
     def server_info() -> dict[str, Any]:
         args = {k: v for k, v in vars(launch.ns).items()}
         args.update(tp_size=launch.tp, pp_size=launch.pp)
+        args["mem_fraction_static"] = ranks[0].get("mem_fraction_static")
         memory = {
             "weight": ranks[0]["weight_gib"],
             "kvcache": ranks[0]["kv_gib"],

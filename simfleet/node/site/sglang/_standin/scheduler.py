@@ -238,7 +238,11 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
     return {
         "status": "ready",
         "max_total_num_tokens": tokens,
-        "max_req_input_len": context_len - 5,
+        # tp_worker.py: max_req_len = min(context_len - 1, max_total_num_tokens - 1), and the
+        # input may take all of it but 5.
+        "max_req_input_len": min(context_len - 1, tokens - 1) - 5,
+        # ServerArgs resolves the default before it is printed or served (server_args.py).
+        "mem_fraction_static": round(mfs, 3),
         "weight_gib": round(weights / GiB, 2),
         "kv_gib": round(kv / GiB, 2),
         "graph_gib": round(graph / GiB, 2),
