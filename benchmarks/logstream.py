@@ -35,8 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
-from nodes.workflows import ending, launching
-
 if TYPE_CHECKING:
     from tests.panel import Panel
 
@@ -168,6 +166,7 @@ def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: in
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
     from nodes.models.choices import Role
+    from nodes.workflows import ending, launching
     from nodes.workflows.launching import adhoc_revision
     from tests.sse import follow
 
@@ -227,6 +226,7 @@ def part_two(
     from nodes.management.cli import resolve_actor
     from nodes.models import Launch, LaunchLogLine, Node
     from nodes.models.choices import Role
+    from nodes.workflows import ending, launching
 
     actor = resolve_actor(None, Role.OPERATOR)
     nodes = list(Node.objects.order_by("name"))
@@ -311,7 +311,8 @@ def main() -> None:
             workers.start()
             panel = start_panel(database, REDIS_URL, work)
             report += part_one(panel, sims, args.seconds, args.rate)
-            report += part_two(sims, args.launches, args.seconds, args.many_rate)
+            if args.launches:  # --launches 0: part 1 alone
+                report += part_two(sims, args.launches, args.seconds, args.many_rate)
         finally:
             if panel is not None:
                 panel.proc.kill()

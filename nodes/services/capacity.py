@@ -13,6 +13,7 @@ from nodes.domain import capacity, remedy
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch, ProfileRevision
+from nodes.models.choices import LaunchStatus
 from nodes.services.model_facts import model_of
 from nodes.services.planner import mem_fraction_of
 from nodes.services.profiles import checker, evaluate, node_memory_for, save_revision
@@ -99,6 +100,12 @@ def capacity_of(launch: Launch) -> dict[str, Any]:
         node_gpus=launch.node.gpus.count(),
     )
     why = found.why
+    if (
+        found.bottleneck == "unknown"
+        and not launch.metrics_series
+        and launch.status != LaunchStatus.READY
+    ):
+        why = f"the launch is {launch.get_status_display().lower()} and has no load figures"
     if found.bottleneck == "kv-bound" and not offered:
         why = "no change of the flags checked here lifts it on this node (or the model is not read)"
     return {
