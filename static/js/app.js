@@ -74,6 +74,11 @@
     }
     const lower = text.toLowerCase();
     const needle = query.toLowerCase();
+    if (lower.length !== text.length) {
+      // Lower-casing changed the length (some Unicode letters): marks would land astray.
+      span.textContent = text + "\n";
+      return;
+    }
     let at = 0;
     for (let i = lower.indexOf(needle); i >= 0; i = lower.indexOf(needle, at)) {
       span.append(text.slice(at, i));
@@ -330,8 +335,14 @@
     }
     const params = filters();
     params.set("q", query);
-    const response = await fetch(`${log.dataset.search}?${params}`);
-    const doc = await response.json();
+    let response, doc;
+    try {
+      response = await fetch(`${log.dataset.search}?${params}`);
+      doc = await response.json();
+    } catch (error) {
+      matchesLabel.textContent = `Search failed: ${error.message}`;
+      return;
+    }
     if (!response.ok) {
       matchesLabel.textContent = doc.error;
       return;
@@ -363,6 +374,11 @@
         arrived += 1;
         atTail = false;
       }
+    }
+    if (queue.length > CAP) {
+      // A hidden tab runs no frames: keep only what the window would show.
+      queue = queue.slice(-CAP);
+      moreBefore = true;
     }
     if (queue.length) requestAnimationFrame(flush);
     say();
