@@ -186,8 +186,9 @@ RANKWISE_STARTUP_TIMEOUT_SECONDS = env_int("RANKWISE_STARTUP_TIMEOUT_SECONDS", 1
 # Seconds between /health polls of a ready server (and /metrics with --enable-metrics).
 RANKWISE_HEALTH_SECONDS = env_int("RANKWISE_HEALTH_SECONDS", 10)
 # Log lines kept in the database per launch (the first 1,000 and the newest); the full log is
-# archived with the launch when it ends and stays downloadable.
-RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 200_000)
+# archived with the launch when it ends and stays downloadable. The viewer reads by sequence
+# number and searches on the server, so a million lines (about 150 MB) stay quick to browse.
+RANKWISE_LOG_LINES_MAX = env_int("RANKWISE_LOG_LINES_MAX", 1_000_000)
 # Seconds a stop waits after SIGTERM before SIGKILL.
 RANKWISE_STOP_GRACE_SECONDS = env_int("RANKWISE_STOP_GRACE_SECONDS", 20)
 # A stop the node did not take (unreachable) is retried this many times, the first after this
