@@ -46,9 +46,12 @@ class Filters:
         if level and level not in LEVELS or level == "info":
             raise BadFilter("level is warning or error")
         rank = str(params.get("rank") or "")
-        if len(rank) > 32:
+        if len(rank) > 32 or "\x00" in rank:
             raise BadFilter("rank is a prefix such as TP3")
-        return cls(level, rank, params.get("evidence") in ("1", "true", "on"))
+        evidence = str(params.get("evidence") or "")
+        if evidence not in ("", "0", "1", "true", "false", "on", "off"):
+            raise BadFilter("evidence is 1 or 0")
+        return cls(level, rank, evidence in ("1", "true", "on"))
 
     def apply(self, launch: Launch, lines: QuerySet[LaunchLogLine]) -> QuerySet[LaunchLogLine]:
         if self.level:
@@ -73,12 +76,13 @@ class Window:
 def evidence_lines(launch: Launch) -> set[int]:
     """Sequence numbers the launch's diagnosis cites as evidence."""
     diagnosis = launch.diagnosis if isinstance(launch.diagnosis, dict) else {}
-    found = set()
-    for item in diagnosis.get("evidence") or []:
-        line = item.get("line") if isinstance(item, dict) else None
-        if isinstance(line, int) and not isinstance(line, bool) and line > 0:
-            found.add(line)
-    return found
+    items = diagnosis.get("evidence")
+    return {
+        line
+        for item in (items if isinstance(items, list) else [])
+        for line in [item.get("line") if isinstance(item, dict) else None]
+        if isinstance(line, int) and not isinstance(line, bool) and 0 < line < 2**31
+    }
 
 
 def window(
@@ -111,8 +115,13 @@ def window(
         lines = lines.filter(seq__lt=before)
     rows = _rows(lines.order_by("-seq")[: limit + 1])[::-1]
     more = len(rows) > limit
-    # Lines at or past ``before`` are the ones the viewer already holds.
-    return Window(rows[int(more) :], more_before=more, more_after=before is not None)
+    later = before is not None and lines_after(launch, filters, before)
+    return Window(rows[int(more) :], more_before=more, more_after=later)
+
+
+def lines_after(launch: Launch, filters: Filters, seq: int) -> bool:
+    """Whether stored lines matching ``filters`` lie at or past ``seq``."""
+    return filters.apply(launch, launch.lines.filter(seq__gte=seq)).exists()
 
 
 def _rows(lines: QuerySet[LaunchLogLine]) -> list[Row]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -52,8 +53,9 @@ def _seen(request: HttpRequest) -> Any:
 
 
 def _seq(text: str | None) -> int | None:
-    """A sequence number from a query parameter, or ``None`` when absent or not one."""
-    if text is None or not text.isdigit() or len(text) > 10:
+    """A sequence number from a query parameter (ASCII digits, below 2**31), or ``None`` when
+    absent or not one."""
+    if text is None or not re.fullmatch(r"[0-9]{1,10}", text) or int(text) >= 2**31:
         return None
     return int(text)
 
@@ -135,6 +137,8 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
                     yield f"[rankwise: lines {previous + 1}–{seq - 1} were not kept]\n"
                 previous = seq
                 yield text + "\n"
+            if previous < launch.last_seq:
+                yield f"[rankwise: lines {previous + 1}–{launch.last_seq} were not kept]\n"
 
         response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'

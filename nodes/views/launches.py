@@ -322,7 +322,7 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     shown = log_view.window(launch, limit=LINES_SHOWN)
     lines = shown.rows
     state = _state_context(launch)
-    evidence = {e["line"] for e in (state["diagnosis"] or {}).get("evidence", []) if e["line"]}
+    evidence = log_view.evidence_lines(launch)
     context = {
         **state,
         "lines": lines,

@@ -214,8 +214,17 @@
   async function read(params) {
     for (const [k, v] of filters()) params.set(k, v);
     const response = await fetch(`${log.dataset.lines}?${params}`);
-    if (!response.ok) throw new Error((await response.json()).error || response.statusText);
-    return response.json();
+    return answer(response);
+  }
+  // A JSON answer, or an error that says what went wrong (a login page or a 404 is HTML).
+  async function answer(response) {
+    const json = (response.headers.get("Content-Type") || "").includes("application/json");
+    if (response.redirected || !json) {
+      throw new Error(response.status === 404 ? "no such launch" : "log in again (reload the page)");
+    }
+    const doc = await response.json();
+    if (!response.ok) throw new Error(doc.error || response.statusText);
+    return doc;
   }
   // One read at a time for scrolling; what the operator asked for (a jump, the end, a filter)
   // goes ahead at once, and a scroll read it overtook is dropped when it answers.
@@ -335,16 +344,11 @@
     }
     const params = filters();
     params.set("q", query);
-    let response, doc;
+    let doc;
     try {
-      response = await fetch(`${log.dataset.search}?${params}`);
-      doc = await response.json();
+      doc = await answer(await fetch(`${log.dataset.search}?${params}`));
     } catch (error) {
       matchesLabel.textContent = `Search failed: ${error.message}`;
-      return;
-    }
-    if (!response.ok) {
-      matchesLabel.textContent = doc.error;
       return;
     }
     matches = doc.matches.map((row) => row[0]);

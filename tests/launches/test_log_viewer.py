@@ -99,6 +99,8 @@ def test_search_over_the_whole_log_counts_and_lists_matches(viewer_client, long_
         ("nodes:launch-search", {"q": "ab", "level": "loud"}, "level is warning or error"),
         ("nodes:launch-lines", {"level": "info"}, "level is warning or error"),
         ("nodes:launch-lines", {"rank": "T" * 40}, "rank is a prefix such as TP3"),
+        ("nodes:launch-lines", {"rank": "TP1\x00"}, "rank is a prefix such as TP3"),
+        ("nodes:launch-lines", {"evidence": "yes"}, "evidence is 1 or 0"),
     ],
 )
 def test_bad_viewer_input_is_a_clear_400(viewer_client, long_log, where, query, said):
@@ -107,7 +109,9 @@ def test_bad_viewer_input_is_a_clear_400(viewer_client, long_log, where, query, 
 
 
 def test_numbers_that_are_not_sequence_numbers_read_the_last_lines(viewer_client, long_log):
-    for bad in ("?after=-5", "?before=abc", "?around=1e9", "?limit=0"):
+    # Found by a helper: digits Python's isdigit() takes and int() refuses were a 500.
+    for bad in ("?after=-5", "?before=abc", "?around=1e9", "?limit=0", "?after=²", "?around=٣",
+                "?before=99999999999"):  # fmt: skip
         doc = _lines(viewer_client, long_log, bad)
         assert doc["lines"][-1][0] == 10_000, bad
 
@@ -117,3 +121,31 @@ def test_the_page_opens_with_the_last_thousand_lines_and_the_ranks(viewer_client
     assert page.count('<span data-seq="') == 1000 and 'id="line-10000"' in page
     assert 'id="line-9000"' not in page and 'data-more-before="true"' in page
     assert "<option>TP0</option><option>TP1</option><option>TP2</option>" in page
+
+
+def test_a_window_before_the_end_knows_nothing_follows(viewer_client, long_log):
+    doc = _lines(viewer_client, long_log, "?before=2000000000&limit=3")
+    assert [r[0] for r in doc["lines"]] == [9998, 9999, 10_000] and not doc["more_after"]
+    assert _lines(viewer_client, long_log, "?before=9999&limit=3")["more_after"]
+
+
+@pytest.mark.parametrize(
+    "evidence", [5, True, "lines", [{"line": 10**20}, {"line": True}, {"line": "7"}, 3]]
+)
+def test_a_malformed_diagnosis_filters_to_no_evidence_and_the_page_renders(
+    viewer_client, long_log, evidence
+):
+    long_log.diagnosis = {"category": "x", "evidence": evidence}
+    long_log.save()
+    assert _lines(viewer_client, long_log, "?evidence=1")["lines"] == []
+    search = reverse("nodes:launch-search", args=[long_log.pk])
+    assert viewer_client.get(search, {"q": "line", "evidence": "1"}).json()["count"] == 0
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[long_log.pk]))
+    assert page.status_code == 200 and b'class="evidence"' not in page.content
+
+
+def test_the_download_says_where_lines_were_not_kept_at_the_end(viewer_client, long_log):
+    LaunchLogLine.objects.filter(launch=long_log, seq__gt=9990).delete()
+    download = viewer_client.get(reverse("nodes:launch-log", args=[long_log.pk]))
+    text = b"".join(download.streaming_content).decode()
+    assert text.endswith("[rankwise: lines 9991–10000 were not kept]\n")
