@@ -7,7 +7,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 
 from nodes.domain import launch_plan as plan
-from nodes.models import Launch, Reservation
+from nodes.models import Launch, Node, Reservation
 from nodes.services import commitments, teams
 
 
@@ -58,3 +58,17 @@ def still_reserved(launch: Launch) -> dict[int, int]:
 def release_gpus(launch: Launch, indexes: list[int]) -> None:
     """Free the launch's reservations of GPUs ``indexes`` (their memory came back)."""
     Reservation.objects.filter(launch=launch, kind="gpu", number__in=indexes).delete()
+
+
+def free_port(node: Node, wanted: int) -> int:
+    """``wanted`` if no launch on ``node`` holds it, else the next port above it that none holds
+    (a relaunch beside a server still running takes the next one)."""
+    held = set(
+        Reservation.objects.filter(node=node, kind="port", number__gte=wanted).values_list(
+            "number", flat=True
+        )
+    )
+    port = wanted
+    while port in held and port < 65535:
+        port += 1
+    return port

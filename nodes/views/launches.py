@@ -40,6 +40,7 @@ from nodes.services import (
     log_view,
     placement,
     profiles,
+    reservations,
     test_requests,
 )
 from nodes.services.teams import visible_launches, visible_profiles
@@ -581,7 +582,11 @@ def launch_capacity_apply(request: HtmxHttpRequest, pk: int) -> HttpResponseBase
         said = str(exc) if isinstance(exc, capacity.CapacityRefused) else "not a change"
         messages.error(request, f"Not saved: {said}.")
         return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
-    messages.success(request, f"Saved {revision} ({revision.message}); {revision.verdict}.")
+    said = f"Saved {revision} ({revision.message}); {revision.verdict}."
+    port = reservations.free_port(launch.node, launch.port)
+    if port != launch.port:
+        said += f" Port {launch.port} is still held, so the relaunch takes port {port}."
+    messages.success(request, said)
     key = "adhoc_revision" if launch.adhoc else "revision"
-    query = urlencode({key: revision.pk, "node": launch.node_id})
+    query = urlencode({key: revision.pk, "node": launch.node_id, "port": port})
     return after_post(request, f"{reverse('nodes:launch-create')}?{query}")

@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from nodes.domain.units import GB, GiB
-from nodes.models import Launch, LaunchProfile, ModelReading, ProfileRevision
+from nodes.models import Launch, LaunchProfile, ModelReading, ProfileRevision, Reservation
 from nodes.models.choices import LaunchStatus
 from nodes.services import capacity, tokens
 from simfleet.models import MODELS, _size, tensors
@@ -133,10 +133,19 @@ def test_the_launch_page_names_the_bottleneck_and_an_option_saves_a_checked_revi
     refused = operator_client.post(url, {"change": '{"--hicache-size": 300}'}, follow=True)
     assert "Not saved: that change is not offered" in refused.content.decode()
     assert not ProfileRevision.objects.filter(number=2).exists()
+    # The running server still holds its port: the relaunch is offered the next one (a trial
+    # found the form kept the held port and the launch was blocked).
+    Reservation.objects.get_or_create(
+        node=launch.node, kind="port", number=launch.port, defaults={"launch": launch}
+    )
     saved = operator_client.post(url, {"change": '{"--kv-cache-dtype": "fp8_e5m2"}'})
     revision = ProfileRevision.objects.get(number=2)
     assert revision.args[-2:] == ["--kv-cache-dtype", "fp8_e5m2"] and revision.verdict != "block"
     assert saved.status_code == 302 and "/launches/new/" in saved["Location"]
+    assert f"port={launch.port + 1}" in saved["Location"]
+    form = operator_client.get(saved["Location"]).content.decode()
+    assert f"Port {launch.port} is still held, so the relaunch takes port {launch.port + 1}" in form
+    assert f'value="{launch.port + 1}"' in form
 
 
 def _with_hits(launch: Launch, rate: float) -> Launch:
