@@ -182,6 +182,9 @@ def main() -> None:
             DATABASE_URL=database, RANKWISE_STATE_DIR=str(work / "var"), REDIS_URL=REDIS_URL
         )
         os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
+        # Playwright's sync API runs an event loop in this thread; Django's guard would refuse
+        # the ORM calls made between browser steps, though nothing here runs concurrently.
+        os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
         import django
 
         django.setup()
