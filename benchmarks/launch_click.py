@@ -12,18 +12,15 @@ database and Redis database 13, and tears them down. Target: p95 ≤ 2 s.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.logstream import REDIS_URL, fleet, percentile, register, wait  # noqa: E402
+from benchmarks.logstream import REDIS_URL, fleet, percentile, register, sandbox, wait  # noqa: E402
 
 COMMAND = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b"
 
@@ -75,31 +72,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--launches", type=int, default=20)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="rankwise-bench-") as tmp:
-        work = Path(tmp)
-        state = str(work / "fleet")
-        database = f"sqlite:///{work / 'bench.sqlite3'}"
-        os.environ.update(
-            DATABASE_URL=database, RANKWISE_STATE_DIR=str(work / "var"), REDIS_URL=REDIS_URL
-        )
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
-        import django
-
-        django.setup()
-        import redis
-
+    with sandbox() as box:
         from tests.workers import Workers
 
-        redis.Redis.from_url(REDIS_URL).flushdb()
-        workers = Workers(database, REDIS_URL, stream_threads=8)
+        workers = Workers(box.database, REDIS_URL, stream_threads=8)
         try:
-            sims = fleet(state, 1, 2)
+            sims = fleet(box.state, 1, 2)
             register(sims)
             workers.start()
             report = run(sims, args.launches)
         finally:
             workers.stop()
-            subprocess.run([sys.executable, "-m", "simfleet", "down", "--state", state], cwd=ROOT)
     print("\n".join(report))
 
 

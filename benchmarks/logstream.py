@@ -31,7 +31,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
@@ -57,6 +59,42 @@ def number(pattern: re.Pattern[str] | str, text: str, group: int = 1) -> int:
 def percentile(values: list[float], p: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(p / 100 * (len(ordered) - 1))))]
+
+
+@dataclass(frozen=True)
+class Sandbox:
+    """A benchmark's own world: its folder, the simulated fleet's state folder in it, and a
+    SQLite database URL there."""
+
+    work: Path
+    state: str
+    database: str
+
+
+@contextmanager
+def sandbox() -> Iterator[Sandbox]:
+    """A temporary folder with a SQLite database and Redis database ``REDIS_URL`` (emptied),
+    Django set up on them; on the way out the fleet started in ``state`` is taken down and the
+    folder removed."""
+    with tempfile.TemporaryDirectory(prefix="rankwise-bench-") as tmp:
+        work = Path(tmp)
+        found = Sandbox(work, str(work / "fleet"), f"sqlite:///{work / 'bench.sqlite3'}")
+        os.environ.update(
+            DATABASE_URL=found.database, RANKWISE_STATE_DIR=str(work / "var"), REDIS_URL=REDIS_URL
+        )
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
+        import django
+
+        django.setup()
+        import redis
+
+        redis.Redis.from_url(REDIS_URL).flushdb()
+        try:
+            yield found
+        finally:
+            subprocess.run(
+                [sys.executable, "-m", "simfleet", "down", "--state", found.state], cwd=ROOT
+            )
 
 
 def fleet(state: str, nodes: int, gpus: int) -> list[dict[str, object]]:
@@ -285,31 +323,18 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=20)
     parser.add_argument("--many-rate", type=int, default=100)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="rankwise-bench-") as tmp:
-        work = Path(tmp)
-        state = str(work / "fleet")
-        database = f"sqlite:///{work / 'bench.sqlite3'}"
-        os.environ.update(
-            DATABASE_URL=database, RANKWISE_STATE_DIR=str(work / "var"), REDIS_URL=REDIS_URL
-        )
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
-        import django
-
-        django.setup()
-        import redis
-
+    with sandbox() as box:
         from tests.panel import start_panel
         from tests.workers import Workers
 
-        redis.Redis.from_url(REDIS_URL).flushdb()
-        workers = Workers(database, REDIS_URL, stream_threads=32)
+        workers = Workers(box.database, REDIS_URL, stream_threads=32)
         panel = None
         report: list[str] = []
         try:
-            sims = fleet(state, 5, 4)
+            sims = fleet(box.state, 5, 4)
             register(sims)
             workers.start()
-            panel = start_panel(database, REDIS_URL, work)
+            panel = start_panel(box.database, REDIS_URL, box.work)
             report += part_one(panel, sims, args.seconds, args.rate)
             if args.launches:  # --launches 0: part 1 alone
                 report += part_two(sims, args.launches, args.seconds, args.many_rate)
@@ -317,7 +342,6 @@ def main() -> None:
             if panel is not None:
                 panel.proc.kill()
             workers.stop()
-            subprocess.run([sys.executable, "-m", "simfleet", "down", "--state", state], cwd=ROOT)
     print("\n".join(report))
 
 

@@ -21,9 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.logstream import REDIS_URL, fleet, percentile, register, wait  # noqa: E402
+from benchmarks.logstream import REDIS_URL, fleet, percentile, register, sandbox, wait  # noqa: E402
 
 CHROMIUM = os.environ.get("RANKWISE_CHROMIUM", "/usr/bin/chromium")
 MODEL = "--model-path /srv/models/qwen2.5-7b"
@@ -174,38 +172,24 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=2000)
     parser.add_argument("--lines", type=int, default=1_000_000)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="rankwise-bench-") as tmp:
-        work = Path(tmp)
-        state = str(work / "fleet")
-        database = f"sqlite:///{work / 'bench.sqlite3'}"
-        os.environ.update(
-            DATABASE_URL=database, RANKWISE_STATE_DIR=str(work / "var"), REDIS_URL=REDIS_URL
-        )
-        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "controlpanel.settings")
-        # Playwright's sync API runs an event loop in this thread; Django's guard would refuse
-        # the ORM calls made between browser steps, though nothing here runs concurrently.
-        os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
-        import django
-
-        django.setup()
-        import redis
-        from django.core.management import call_command
+    # Playwright's sync API runs an event loop in this thread; Django's guard would refuse the
+    # ORM calls made between browser steps, though nothing here runs concurrently.
+    os.environ.setdefault("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    with sandbox() as box:
         from playwright.sync_api import sync_playwright
 
         from tests.panel import start_panel
         from tests.workers import Workers
 
-        call_command("migrate", verbosity=0)
-        redis.Redis.from_url(REDIS_URL).flushdb()
-        workers = Workers(database, REDIS_URL, stream_threads=8)
+        workers = Workers(box.database, REDIS_URL, stream_threads=8)
         panel = None
         report: list[str] = []
         try:
-            sims = fleet(state, 1, 2)
+            sims = fleet(box.state, 1, 2)
             register(sims)
             password = _user()
             workers.start()
-            panel = start_panel(database, REDIS_URL, work)
+            panel = start_panel(box.database, REDIS_URL, box.work)
             with sync_playwright() as playwright:
                 browser = _browser(playwright)
                 report += live_window(browser, panel.url, password, sims, args.rate, args.seconds)
@@ -215,7 +199,6 @@ def main() -> None:
             if panel is not None:
                 panel.proc.kill()
             workers.stop()
-            subprocess.run([sys.executable, "-m", "simfleet", "down", "--state", state], cwd=ROOT)
     print("\n".join(report))
 
 
