@@ -23,7 +23,7 @@ RANK_SAMPLE = 5000
 
 #: One line as the viewer gets it: ``[seq, text, level, rank]``.
 Row = tuple[int, str, int, str]
-_FIELDS = ("seq", "text", "level", "rank")
+FIELDS = ("seq", "text", "level", "rank")
 
 
 class BadFilter(ValueError):
@@ -125,7 +125,7 @@ def lines_after(launch: Launch, filters: Filters, seq: int) -> bool:
 
 
 def _rows(lines: QuerySet[LaunchLogLine]) -> list[Row]:
-    return [(s, t, lv, r) for s, t, lv, r in lines.values_list(*_FIELDS)]
+    return [(s, t, lv, r) for s, t, lv, r in lines.values_list(*FIELDS)]
 
 
 def search(launch: Launch, text: str, filters: Filters = Filters()) -> tuple[int, list[Row]]:  # noqa: B008

@@ -179,7 +179,7 @@ async def _events(pk: int, after: int) -> AsyncIterator[str]:
                 list(row)
                 async for row in LaunchLogLine.objects.filter(launch_id=pk, seq__gt=last)
                 .order_by("seq")
-                .values_list("seq", "text", "level", "rank")[:BATCH]
+                .values_list(*log_view.FIELDS)[:BATCH]
             ]
             if rows:
                 last = int(rows[-1][0])

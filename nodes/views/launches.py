@@ -26,6 +26,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from nodes.domain import endpoints, remedy, timeline
+from nodes.domain.log_lines import DECODE_BATCH
 from nodes.domain.logparse import PHASES, Progress, phase_label
 from nodes.domain.redact import redact_args
 from nodes.forms.launches import BundleUploadForm, LaunchForm
@@ -328,6 +329,7 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         **state,
         "lines": lines,
         "more_before": shown.more_before,
+        "decode_pattern": DECODE_BATCH.pattern,
         "ranks": log_view.ranks(launch),
         "evidence_lines": evidence,
         "last_seq": lines[-1][0] if lines else 0,

@@ -10,7 +10,8 @@
   if (!log) return;
   const CAP = 3000; // lines the page holds at most
   const PAGE = 500; // lines read per scroll step
-  const DECODE = /\] Decode batch[.,] #running-req: /;
+  // The scheduler's decode-batch line, as the server recognises it (domain.log_lines).
+  const DECODE = new RegExp(log.dataset.decodePattern || "(?!)");
   const $ = (id) => document.getElementById(id);
   const status = $("log-status");
   const followButton = $("log-follow");
