@@ -322,6 +322,7 @@ def _known_dests() -> tuple[frozenset[str], frozenset[str]]:
     return frozenset(every), frozenset(secret)
 
 
+@lru_cache(maxsize=4096)  # the follower masks every line; a log repeats its few names
 def _secret_key(name: str, separator: str) -> bool:
     every, secret = _known_dests()
     if name in every:  # one of SGLang's settings (server_args=ServerArgs(...)): its table says

@@ -214,11 +214,23 @@ async def _events(pk: int, after: int) -> AsyncIterator[str]:
                 published = _published(message, last)
                 if published is None:
                     break
+                # What else has arrived meanwhile goes in the same event: one event a batch
+                # while the stream is quiet, fewer and bigger ones when it is busy.
+                gap = False
+                while pubsub is not None and len(published) < BATCH:
+                    pubsub, message = await _wait(pubsub, 0)
+                    if message is None:
+                        break
+                    more = _published(message, int(published[-1][0]) if published else last)
+                    if more is None:
+                        gap = True
+                        break
+                    published += more
                 if published:
                     last = int(published[-1][0])
                     quiet = 0.0
                     yield _event(published)
-                if asyncio.get_running_loop().time() - waited >= 1.0:
+                if gap or asyncio.get_running_loop().time() - waited >= 1.0:
                     break
             quiet += 1.0
             if quiet >= 15:
@@ -262,14 +274,15 @@ async def _subscribe(client: aioredis.Redis, pk: int) -> Any:
         return None
 
 
-async def _wait(pubsub: Any) -> tuple[Any, Any]:
-    """The next word from the follower, waiting at most a second; without Redis, half a second
-    and no word. Returns the subscription (``None`` when Redis went away) and the message."""
+async def _wait(pubsub: Any, timeout: float = 1.0) -> tuple[Any, Any]:
+    """The next word from the follower, waiting at most ``timeout`` s; without Redis, half a
+    second and no word. Returns the subscription (``None`` when Redis went away) and the
+    message."""
     if pubsub is None:
         await asyncio.sleep(0.5)
         return None, None
     try:
-        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=timeout)
         return pubsub, message
     except (RedisError, OSError):
         return None, None

@@ -2,9 +2,10 @@
 when it answers, watch its health, and notice when it dies or its node goes away.
 
 One follower per launch holds a lease (``worker_token``/``worker_beat`` on the row); a follower
-whose worker died is replaced by the reconciler once the lease is stale. Lines are stored with
-the byte offset they end at in one conditional update, so two followers can never both store
-the same bytes, and a new one continues exactly where the record ends."""
+whose worker died is replaced by the reconciler once the lease is stale. Lines go to live viewers
+as soon as they are read, and to the database through a writer of their own
+(``log_writer``), with the byte offset they end at in one conditional update, so two followers
+can never both store the same bytes, and a new one continues exactly where the record ends."""
 
 from __future__ import annotations
 
@@ -18,7 +19,6 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
 from nodes import ssh
@@ -39,10 +39,7 @@ from nodes.domain.server_metrics import (
     summarise_metrics,
 )
 from nodes.live import publish
-from nodes.models import (
-    Launch,
-    LaunchLogLine,
-)
+from nodes.models import Launch
 from nodes.models.choices import (
     LAUNCH_ENDED,
     LaunchStatus,
@@ -61,10 +58,9 @@ from nodes.services import (
 from nodes.services.credentials import target_for
 from nodes.services.launch_flags import flags_for
 from nodes.services.launch_state import known_good_due
+from nodes.workflows.log_writer import Batch, LeaseLost, LogWriter
 
 log = logging.getLogger(__name__)
-
-HEAD_LINES_KEPT = 1000
 
 # How often the follower looks at what the node's watch said of the launch's processes: every
 # second while it starts or ends, every five once it serves. The watch itself re-reads the
@@ -83,10 +79,6 @@ PINNED_BY = ("warmup", "ready")
 HEALTH_TIMEOUT_S = 25.0  # SGLang's /health waits up to 20 s for a generation (§5)
 
 
-class LeaseLost(Exception):
-    """Another follower took the launch over; this one stops without writing."""
-
-
 def follow(launch_id: int) -> None:
     Follower(launch_id).run()
 
@@ -99,11 +91,19 @@ class Follower:
         # When the follower next looks at the group, checks health, samples memory (monotonic s).
         self.next_beat = self.next_check = self.next_health = self.next_sample = 0.0
         self.down_since: float | None = None
+        self.writer: LogWriter | None = None
 
     # --- lease -----------------------------------------------------------------------------
 
     def _beat(self) -> Launch:
         """Renew the lease and return the launch as stored; raises ``LeaseLost``."""
+        if self.writer is not None and time.monotonic() - self.writer.renewed < STATUS_EVERY_S:
+            # The writer's last commit renewed it: a read says whether it is still ours, and
+            # the read loop does not queue for the database's write lock behind the writer.
+            launch = Launch.objects.select_related("node", "revision").get(pk=self.launch_id)
+            if launch.worker_token != self.token:
+                raise LeaseLost
+            return launch
         if not Launch.objects.filter(pk=self.launch_id, worker_token=self.token).update(
             worker_beat=timezone.now()
         ):
@@ -211,6 +211,7 @@ class Follower:
         # it reports often enough for the memory timeline's samples.
         beat = min(STATUS_EVERY_READY_S, settings.RANKWISE_MEMORY_SAMPLE_SECONDS)
         watch = agent.Watch(client, launch.remote_dir, STATUS_EVERY_S, beat)
+        self.writer = LogWriter(self.launch_id, self.token, self.offset)
         try:
             while True:
                 self._read_log(launch, stream, splitter)
@@ -225,6 +226,8 @@ class Follower:
         finally:
             stream.close()
             watch.close()
+            writer, self.writer = self.writer, None
+            writer.close()  # what was read is stored before anything reads the record
 
     def _resume(self, launch: Launch) -> None:
         """Pick up where the record ends (a new connection, a new follower)."""
@@ -337,7 +340,8 @@ class Follower:
         return self.offset >= size
 
     def _ended(self, launch: Launch, status: agent.GroupStatus) -> None:
-        """The process group is gone and every line is stored."""
+        """The process group is gone and every line is read (and now stored)."""
+        self._writing().flush()
         launch.refresh_from_db()
         if launch.status not in LAUNCH_ENDED and launch.status != LaunchStatus.STOPPING:
             code = status.exit_status
@@ -361,70 +365,37 @@ class Follower:
 
     # --- lines -----------------------------------------------------------------------------------
 
+    def _writing(self) -> LogWriter:
+        """The writer of this connection's lines (there is one while ``_follow`` runs)."""
+        if self.writer is None:
+            raise RuntimeError("lines are stored only while the log is followed")
+        return self.writer
+
     def _store(self, launch: Launch, pieces: list[Piece]) -> None:
         if not pieces:
             return
         size = sum(p.size for p in pieces)
         raw = [p.text for p in pieces if p.text is not None]
         texts = [mask_text(t, self.secrets) for t in raw]
-        rows = [
-            LaunchLogLine(
-                launch_id=self.launch_id,
-                seq=self.seq + i + 1,
-                text=t,
-                level=level_of(t),
-                rank=rank_of(t),
-            )
-            for i, t in enumerate(texts)
-        ]
+        rows = [(self.seq + i + 1, t, level_of(t), rank_of(t)) for i, t in enumerate(texts)]
+        # Viewers get the lines now, before anything else is done with them; the writer makes
+        # them the record. Were its commit to fail, the next follower stores the same lines under
+        # the same numbers (it reads on from the stored offset): nothing shown is contradicted.
+        announced = publish(self.launch_id, self.seq + len(rows), rows) if rows else True
         # Numbers are read from what the server wrote, not from the masked copy.
         changed = any([advance(self.progress, t) for t in raw])
-        if rows:
-            # Viewers get the lines now; the commit below makes them the record. Were it to
-            # fail, the next follower stores the same lines under the same numbers (it reads on
-            # from the stored offset), so nothing shown is contradicted.
-            publish(
-                self.launch_id,
-                self.seq + len(rows),
-                [(r.seq, r.text, r.level, r.rank) for r in rows],
-            )
-        with transaction.atomic():
-            fields: dict[str, Any] = {
-                "log_offset": self.offset + size,
-                "last_seq": self.seq + len(rows),
-                "worker_beat": timezone.now(),
-            }
-            if changed:
-                fields["progress"] = self.progress.to_json()
-            if not Launch.objects.filter(
-                pk=self.launch_id, worker_token=self.token, log_offset=self.offset
-            ).update(**fields):
-                raise LeaseLost
-            LaunchLogLine.objects.bulk_create(rows)
-            dropped = self._trim(self.seq + len(rows))
-            if dropped:
-                Launch.objects.filter(pk=self.launch_id).update(
-                    lines_dropped=launch.lines_dropped + dropped
-                )
-                launch.lines_dropped += dropped
+        progress = self.progress.to_json() if changed else None
+        self._writing().put(Batch(rows, size, progress, announced))
         self.offset += size
         self.seq += len(rows)
         if changed:
             self._loading(launch)
 
-    def _trim(self, last: int) -> int:
-        keep = settings.RANKWISE_LOG_LINES_MAX
-        if last <= keep:
-            return 0
-        deleted, _ = LaunchLogLine.objects.filter(
-            launch_id=self.launch_id,
-            seq__gt=HEAD_LINES_KEPT,
-            seq__lte=last - (keep - HEAD_LINES_KEPT),
-        ).delete()
-        return deleted
-
     def _save_progress(self, launch: Launch) -> None:
-        Launch.objects.filter(pk=self.launch_id).update(progress=self.progress.to_json())
+        # Through the writer, so an older batch's progress never lands after this one; stored
+        # before the word goes out, since viewers read the phase from the record.
+        self._writing().put(Batch([], 0, self.progress.to_json()))
+        self._writing().flush()
         self._loading(launch)
         publish(self.launch_id, self.seq)
 

@@ -25,6 +25,7 @@ from nodes.services import launch_flags, launch_state
 from nodes.tasks import stop_launch
 from nodes.workflows import ending, launching, reconciling
 from nodes.workflows.following import Follower
+from nodes.workflows.log_writer import Batch, LeaseLost, LogWriter
 from tests.factories import make_node, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -85,6 +86,7 @@ def test_retention_keeps_the_first_and_the_newest_lines(launch, settings):
     assert launch_state.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
     follower.offset, follower.seq, follower.secrets = 0, 0, []
     follower.progress = Progress()
+    follower.writer = LogWriter(launch.pk, follower.token, 0, threaded=False)
     for batch in range(30):
         pieces = [Piece(f"line {batch * 100 + i + 1}", 10) for i in range(100)]
         follower._store(launch, pieces)
@@ -93,6 +95,28 @@ def test_retention_keeps_the_first_and_the_newest_lines(launch, settings):
     assert kept == list(range(1, 1001)) + list(range(2801, 3001))
     assert launch.last_seq == 3000 and launch.lines_dropped == 1800
     assert launch.log_offset == 30000
+
+
+def test_the_writer_stores_batches_in_order_off_the_caller_and_stops_at_a_lost_lease(launch):
+    assert launch_state.claim(launch.pk, "mine", (LaunchStatus.PENDING,))
+    writer = LogWriter(launch.pk, "mine", 0)
+    for batch in range(50):
+        rows = [(batch * 10 + i + 1, f"line {batch * 10 + i + 1}", 0, "") for i in range(10)]
+        writer.put(Batch(rows, 100, {"phase": "weights"} if batch == 20 else None))
+    writer.flush()
+    launch.refresh_from_db()
+    stored = list(LaunchLogLine.objects.filter(launch=launch).values_list("seq", "text"))
+    assert stored == [(n, f"line {n}") for n in range(1, 501)]
+    assert (launch.last_seq, launch.log_offset) == (500, 5000)
+    assert launch.progress == {"phase": "weights"}
+    first = LaunchLogLine.objects.get(launch=launch, seq=1)
+    assert timezone.now() - timedelta(minutes=1) < first.time <= timezone.now()
+    # Another follower took the launch over: this writer stores nothing more and says so.
+    Launch.objects.filter(pk=launch.pk).update(worker_token="theirs")
+    writer.put(Batch([(501, "line 501", 0, "")], 10))
+    with pytest.raises(LeaseLost):
+        writer.close()
+    assert LaunchLogLine.objects.filter(launch=launch).count() == 500
 
 
 def test_a_second_stop_waits_for_the_first_and_acts_only_once(launch):
@@ -142,6 +166,7 @@ def test_a_numeric_api_key_masks_its_echo_but_not_the_numbers_the_parser_reads(l
     follower = Follower(launch.pk)
     assert launch_state.claim(launch.pk, follower.token, (LaunchStatus.PENDING,))
     follower.offset, follower.seq = 0, 0
+    follower.writer = LogWriter(launch.pk, follower.token, 0, threaded=False)
     follower.secrets = secret_values(["--api-key", "100000", "--max-total-tokens", "100000"], {})
     follower.progress = Progress()
     lines = [
