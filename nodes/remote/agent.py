@@ -545,6 +545,24 @@ def preflight(args: list[str]) -> dict[str, Any]:
     }
 
 
+def prepare(args: list[str]) -> dict[str, Any]:
+    # Everything a launch's pre-flight reads, in one run: FOLDER PYTHON MODEL_PATH STAMP PORT...
+    # (``-`` for no model path, no stamp). A group already running in the folder is adopted and
+    # nothing else is read.
+    folder, python, path, stamp, ports = _folder(args[0]), args[1], args[2], args[3], args[4:]
+    out: dict[str, Any] = {"status": _status(folder)}
+    if out["status"]["pid"] is not None:
+        return out
+    out["probe"] = probe([python])
+    if path.startswith("/"):
+        try:
+            out["model"] = model([path, *([stamp] if stamp != "-" else [])])
+        except OSError:  # the folder changed under the read: said as a word, as model() does
+            out["model"] = {"problem": "unreadable"}
+    out["preflight"] = preflight([path, *ports])
+    return out
+
+
 # --- launches -------------------------------------------------------------------------------
 
 
@@ -933,6 +951,7 @@ COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "probe": probe,
     "model": model,
     "preflight": preflight,
+    "prepare": prepare,
     "start": lambda a: start(_folder(a[0]), a[1]),
     "status": lambda a: _status(_folder(a[0])),
     "watch": lambda a: watch(_folder(a[0]), float(a[1]), float(a[2])),

@@ -62,6 +62,19 @@ class Preflight:
 
 
 @dataclass(frozen=True)
+class Prepared:
+    """What a launch's pre-flight reads on the node, in one run of the agent (``prepare``): the
+    launch folder's group (``status``; when it runs already it is adopted and nothing else was
+    read), the probe (``facts``), the model folder (``model``; None for a path that is not
+    local) and the ``preflight`` readings."""
+
+    status: GroupStatus
+    facts: NodeFacts | None = None
+    model: ModelFolder | None = None
+    preflight: Preflight | None = None
+
+
+@dataclass(frozen=True)
 class GroupStatus:
     """A launch's folder and process group on the node. ``adopted`` (``start``): the launch
     was running already. ``memory`` (MemTotal, MemAvailable in bytes), ``gpu_used`` (GPU index →
@@ -229,6 +242,51 @@ def model_folder(conn: ssh.Connection, path: str, stamp: str | None = None) -> M
 def preflight(conn: ssh.Connection, model_path: str, ports: list[int]) -> Preflight:
     """The model folder's presence, /dev/shm and which of ``ports`` are taken."""
     return _call(conn, Preflight, "preflight", model_path or "-", *map(str, ports))
+
+
+def prepare(
+    conn: ssh.Connection,
+    folder: str,
+    python: str,
+    model_path: str,
+    stamp: str | None,
+    ports: list[int],
+) -> Prepared:
+    """Everything pre-flight reads on the node in one round trip (see ``Prepared``): the
+    group in ``folder``, the probe with SGLang under ``python``, the model folder at
+    ``model_path`` (``unchanged`` when ``stamp`` still holds) and which of ``ports`` are taken.
+    Raises ``ssh.RemoteError``."""
+    argv = [folder, python, model_path or "-", stamp or "-", *map(str, ports)]
+    result = ssh.run(conn, ["python3", "-c", AGENT, "prepare", *argv], timeout=60, check=False)
+    if result.exit_status == 127:
+        raise ssh.RemoteError(
+            "command_failed", "python3 is not installed on the node", exit_status=127
+        )
+    return parse_prepared(result.stdout, result.stderr, result.exit_status)
+
+
+def parse_prepared(stdout: str, stderr: str = "", exit_status: int | None = 0) -> Prepared:
+    """The agent's ``prepare`` answer (its last line of ``stdout``) as ``Prepared``; raises
+    ``ssh.RemoteError`` (``command_failed``, with the last line of ``stderr``) when unusable."""
+    what = "the node agent's prepare"
+    try:
+        doc = json.loads(stdout.strip().splitlines()[-1])
+        probe = doc.get("probe")
+        facts = parse_probe(json.dumps(probe)) if probe is not None else None
+    except (ValueError, IndexError, AttributeError, ProbeError) as exc:
+        tail = stderr.strip().splitlines()[-1:] or [""]
+        raise ssh.RemoteError(
+            "command_failed",
+            f"{what} printed no usable answer ({str(exc)[:200]}) {tail[0][:200]}".strip(),
+            exit_status=exit_status,
+        ) from None
+    parts = {k: json.dumps(doc[k]) for k in ("status", "model", "preflight") if doc.get(k)}
+    return Prepared(
+        status=_answer(GroupStatus, parts.get("status", ""), what),
+        facts=facts,
+        model=_answer(ModelFolder, parts["model"], what) if "model" in parts else None,
+        preflight=_answer(Preflight, parts["preflight"], what) if "preflight" in parts else None,
+    )
 
 
 def start(conn: ssh.Connection, folder: str, python: str, request: dict[str, Any]) -> GroupStatus:

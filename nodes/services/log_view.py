@@ -138,6 +138,19 @@ def search(launch: Launch, text: str, filters: Filters = Filters()) -> tuple[int
     return lines[:COUNT_MAX].count(), rows
 
 
+def matches_after(
+    launch: Launch,
+    text: str,
+    after: int,
+    filters: Filters = Filters(),  # noqa: B008
+) -> tuple[list[Row], bool]:
+    """The next ``MATCHES_MAX`` stored lines after line ``after`` containing ``text`` (as
+    ``search`` finds them), and whether more follow."""
+    lines = filters.apply(launch, launch.lines.filter(text__icontains=text, seq__gt=after))
+    rows = _rows(lines.order_by("seq")[: MATCHES_MAX + 1])
+    return rows[:MATCHES_MAX], len(rows) > MATCHES_MAX
+
+
 def ranks(launch: Launch) -> list[str]:
     """The ranks that wrote lines, as the prefixes name them, in order (``TP2`` before
     ``TP10``). Read from the first and the last ``RANK_SAMPLE`` lines: every rank prints at

@@ -142,14 +142,31 @@ def stored_answer(node: Node, args: list[str]) -> dict[str, Any]:
 def read_now(node: Node, model_path: str) -> ModelReading:
     """Ask the node's agent for the folder (with the stamp of what it read before) and store
     the answer or the reason it could not be read. Never raises for the node."""
-    row = _row(node, model_path)
-    before = row.answer if isinstance(row.answer, dict) and row.host == node.host else None
-    stamp = str(before.get("stamp") or "") if before else ""
+    stamp = stamp_of(node, model_path)
     try:
         with ssh.pool.session(target_for(node)) as conn:
-            answer, error = agent.model_folder(conn, model_path, stamp or None), ""
+            answer, error = agent.model_folder(conn, model_path, stamp), ""
     except ssh.RemoteError as exc:
         answer, error = None, _why_not(node, exc)
+    return record(node, model_path, answer, error)
+
+
+def stamp_of(node: Node, model_path: str) -> str | None:
+    """The stamp of what was last read of the folder at this node's address (None: nothing),
+    for the agent to answer ``unchanged`` when it still holds."""
+    row = ModelReading.objects.filter(node=node, model_path=model_path, host=node.host).first()
+    if row is None or not isinstance(row.answer, dict):
+        return None
+    return str(row.answer.get("stamp") or "") or None
+
+
+def record(
+    node: Node, model_path: str, answer: agent.ModelFolder | None, error: str = ""
+) -> ModelReading:
+    """Store what the agent answered of the folder (or ``error``, why nothing was read) as the
+    node's reading of it, fresh from now."""
+    row = _row(node, model_path)
+    before = row.answer if isinstance(row.answer, dict) and row.host == node.host else None
     if answer is not None and answer.unchanged and before:
         doc: dict[str, Any] | None = before
     elif answer is not None and answer.config is not None:

@@ -36,9 +36,8 @@ from redis.exceptions import RedisError
 
 from nodes.live import channel
 from nodes.models import Launch, LaunchLogLine
-from nodes.models.choices import LAUNCH_ENDED, Role
+from nodes.models.choices import LAUNCH_ENDED
 from nodes.services import bundles, log_view
-from nodes.services.roles import has_role
 from nodes.services.teams import visible_launches
 
 #: Lines one event or poll carries at most.
@@ -101,8 +100,10 @@ def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
 @login_required
 def launch_search(request: HttpRequest, pk: int) -> JsonResponse:
     """Stored lines containing ``?q=`` (case-insensitive, 2–200 characters), with the viewer's
-    filters: ``{"count", "matches": [[seq, text, level, rank], …]}`` (the first 200 in order;
-    the count goes to 100,000). 400 with ``error`` for a search it does not take."""
+    filters: ``{"count", "capped", "matches": [[seq, text, level, rank], …], "more"}`` (the
+    first 200 in order; the count goes to 100,000; ``more``: matches follow the listed ones).
+    With ``?after=SEQ`` the next 200 after line SEQ, as ``{"matches", "more"}``. 400 with
+    ``error`` for a search it does not take."""
     launch = get_object_or_404(_seen(request), pk=pk)
     text = request.GET.get("q", "")
     if not SEARCH_MIN <= len(text) <= SEARCH_MAX or "\x00" in text:
@@ -113,8 +114,19 @@ def launch_search(request: HttpRequest, pk: int) -> JsonResponse:
         filters = log_view.Filters.of(request.GET)
     except log_view.BadFilter as exc:
         return JsonResponse({"error": str(exc)}, status=400)
+    after = _seq(request.GET.get("after"))
+    if after is not None:
+        rows, more = log_view.matches_after(launch, text, after, filters)
+        return JsonResponse({"matches": rows, "more": more})
     count, matches = log_view.search(launch, text, filters)
-    return JsonResponse({"count": count, "matches": matches, "capped": count >= log_view.COUNT_MAX})
+    return JsonResponse(
+        {
+            "count": count,
+            "matches": matches,
+            "capped": count >= log_view.COUNT_MAX,
+            "more": count > len(matches),
+        }
+    )
 
 
 @require_GET
@@ -150,7 +162,9 @@ async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     level, rank], …]), ``state`` when the status or phase changed, ``end`` when nothing more
     comes."""
     user = await request.auser()
-    if not user.is_authenticated or not await sync_to_async(has_role)(user, Role.VIEWER):
+    # Whoever may open the launch's page and read its lines may follow them (no role asked, as
+    # for the page and /lines/; the team's visibility decides).
+    if not user.is_authenticated:
         return HttpResponse("Log in to follow this launch.", status=403)
     seen = await sync_to_async(visible_launches)(user)
     if not await seen.filter(pk=pk).aexists():

@@ -7,6 +7,7 @@ attempt did (the node-side folder, the conditional status transitions)."""
 from __future__ import annotations
 
 import logging
+import posixpath
 import re
 import secrets as pysecrets
 from dataclasses import replace
@@ -32,7 +33,16 @@ from nodes.models.choices import (
 )
 from nodes.queue import QueueUnavailable, enqueue, later
 from nodes.remote import client as agent
-from nodes.services import commitments, launch_state, quarantines, readings, teams, teardown
+from nodes.services import (
+    commitments,
+    hostkeys,
+    launch_state,
+    quarantines,
+    readings,
+    teams,
+    teardown,
+)
+from nodes.services import model_facts as model_readings
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.launch_flags import args_of, flags_for, masked
@@ -382,11 +392,10 @@ def _start(launch_id: int) -> None:
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
     node = launch.node
     try:
-        # One pooled connection per node, used one step at a time (sessions do not nest).
-        with ssh.pool.session(target_for(node)) as conn:
-            adopted = agent.status(conn, launch.remote_dir)
+        found = _read_node(launch)
+        adopted = found.status
         if adopted.pid is None:
-            checks, report = preflight(launch)
+            checks, report = preflight(launch, found)
             if not _record_checks(launch, checks, report):
                 return
             with ssh.pool.session(target_for(node)) as conn:
@@ -411,10 +420,45 @@ def _start(launch_id: int) -> None:
         teardown.stop_remote(launch)
 
 
-def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
-    """Every check of the launch against the node as it is now (a fresh probe)."""
+def _read_node(launch: Launch) -> agent.Prepared:
+    """Everything pre-flight needs from the node, read in one run of its agent (the host key
+    checked first in a fresh handshake, as a full probe does). Raises ``ssh.RemoteError``."""
     node = launch.node
-    facts = readings.probe(node)
+    hostkeys.verify(node)
+    flags = parse_command(args_of(launch), table(node.sglang_version or DEFAULT_VERSION))
+    path = str(flags.get("model_path", default="") or "")
+    local = _readable_model_path(path)
+    # One pooled connection per node, used one step at a time (sessions do not nest).
+    with ssh.pool.session(target_for(node)) as conn:
+        return agent.prepare(
+            conn,
+            launch.remote_dir,
+            node.sglang_python,
+            path,
+            model_readings.stamp_of(node, local) if local else None,
+            plan.ports_needed(flags),
+        )
+
+
+def _readable_model_path(path: str) -> str:
+    """The folder ``model_facts`` would read for ``path`` (normalised), or ``""``."""
+    if not path.startswith("/") or len(path) > model_readings.PATH_MAX:
+        return ""
+    return posixpath.normpath(path)
+
+
+def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], BudgetReport]:
+    """Every check of the launch against the node as ``found`` just read it (one round trip;
+    a second only when the node's SGLang turned out to be another version whose flags ask for
+    other ports)."""
+    node = launch.node
+    if found.facts is None or found.preflight is None:
+        raise ssh.RemoteError("command_failed", "the node agent's prepare read nothing")
+    facts = found.facts
+    # The ports the agent was asked about, as the node's stored version reads the command.
+    asked = plan.ports_needed(
+        parse_command(args_of(launch), table(node.sglang_version or DEFAULT_VERSION))
+    )
     readings.save_facts(node, facts)
     version = facts.sglang_version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args_of(launch), table(version))
@@ -423,6 +467,9 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
     # Again on the worker, just before the start: the node's allowances may have changed.
     checks.append(plan.check_environment(env_problems(flags.env, node)))
     checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
+    local = _readable_model_path(str(flags.get("model_path", default="") or ""))
+    if local and found.model is not None:
+        model_readings.record(node, local, found.model)  # what _budget's model_facts reads
     report = _budget(launch, flags, facts, version)
     checks.append(plan.check_budget(report))
     now = [
@@ -439,11 +486,13 @@ def preflight(launch: Launch) -> tuple[list[plan.Check], BudgetReport]:
     Launch.objects.filter(pk=launch.pk).update(gpu_used_before=before, memory_timeline=[first])
     launch.gpu_used_before = before
     model_path = str(flags.get("model_path", default="") or "")
-    with ssh.pool.session(target_for(node)) as conn:
-        found = agent.preflight(conn, model_path, plan.ports_needed(flags))
-    checks.append(plan.check_ports(plan.ports_needed(flags), found.listening))
-    checks.append(plan.check_model(model_path, found.model_found, found.model_detail))
-    checks.append(plan.check_shm(found.shm_bytes, len(launch.gpus)))
+    read = found.preflight
+    if set(plan.ports_needed(flags)) - set(asked):
+        with ssh.pool.session(target_for(node)) as conn:
+            read = agent.preflight(conn, model_path, plan.ports_needed(flags))
+    checks.append(plan.check_ports(plan.ports_needed(flags), read.listening))
+    checks.append(plan.check_model(model_path, read.model_found, read.model_detail))
+    checks.append(plan.check_shm(read.shm_bytes, len(launch.gpus)))
     return plan.apply_overrides(checks, dict(launch.overrides)), report
 
 

@@ -353,16 +353,34 @@
       return;
     }
     matches = doc.matches.map((row) => row[0]);
-    const shown = doc.count > matches.length ? ` (first ${matches.length} listed)` : "";
-    matchesLabel.textContent = `${doc.count.toLocaleString()}${doc.capped ? "+" : ""} match${doc.count === 1 ? "" : "es"}${shown}`;
+    moreMatches = doc.more;
+    matchTotal = doc.capped ? `${doc.count.toLocaleString()}+` : doc.count.toLocaleString();
+    matchesLabel.textContent = `${doc.count.toLocaleString()}${doc.capped ? "+" : ""} match${doc.count === 1 ? "" : "es"}`;
     if (matches.length) step(1);
     else for (const span of log.querySelectorAll("span[data-seq]")) fill(span, span.textContent.slice(0, -1));
   });
-  function step(by) {
+  // Matches come 200 at a time: stepping past the last one fetches the next ones.
+  let moreMatches = false;
+  let matchTotal = "";
+  async function fetchMoreMatches() {
+    const params = filters();
+    params.set("q", query);
+    params.set("after", String(matches[matches.length - 1]));
+    try {
+      const doc = await answer(await fetch(`${log.dataset.search}?${params}`));
+      matches = matches.concat(doc.matches.map((row) => row[0]));
+      moreMatches = doc.more;
+    } catch (error) {
+      status.textContent = `Search failed: ${error.message}`;
+      moreMatches = false;
+    }
+  }
+  async function step(by) {
     if (!matches.length) return;
+    if (by > 0 && current === matches.length - 1 && moreMatches) await fetchMoreMatches();
     current = (current + by + matches.length) % matches.length;
     matchesLabel.dataset.current = String(current + 1);
-    status.textContent = `Match ${current + 1} of ${matches.length}: line ${matches[current].toLocaleString()}.`;
+    status.textContent = `Match ${current + 1} of ${matchTotal}: line ${matches[current].toLocaleString()}.`;
     jump(matches[current]);
   }
   $("log-next").addEventListener("click", () => step(1));

@@ -86,7 +86,16 @@ def test_search_over_the_whole_log_counts_and_lists_matches(viewer_client, long_
     assert [m[0] for m in found["matches"]] == list(range(1000, 10_001, 1000))
     many = viewer_client.get(url, {"q": "line"}).json()
     # 9,000 plain lines and 30 warnings name a line.
-    assert many["count"] == 9030 and len(many["matches"]) == 200
+    assert many["count"] == 9030 and len(many["matches"]) == 200 and many["more"]
+    # The matches after the listed ones, a page at a time, to the last.
+    seen, after = [m[0] for m in many["matches"]], many["matches"][-1][0]
+    while True:
+        page = viewer_client.get(url, {"q": "line", "after": after}).json()
+        seen += [m[0] for m in page["matches"]]
+        if not page["more"]:
+            break
+        after = page["matches"][-1][0]
+    assert len(seen) == 9030 and seen == sorted(set(seen)) and not found["more"]
     within = viewer_client.get(url, {"q": "needle", "rank": "TP0"}).json()
     assert [m[0] for m in within["matches"]] == [3000, 6000, 9000]
 
@@ -149,3 +158,24 @@ def test_the_download_says_where_lines_were_not_kept_at_the_end(viewer_client, l
     download = viewer_client.get(reverse("nodes:launch-log", args=[long_log.pk]))
     text = b"".join(download.streaming_content).decode()
     assert text.endswith("[rankwise: lines 9991–10000 were not kept]\n")
+
+
+def test_whoever_may_read_the_lines_may_follow_them_live(long_log):
+    from asgiref.sync import async_to_sync
+    from django.test import Client
+
+    from tests.factories import PASSWORD, make_user
+
+    reader = Client()
+    reader.login(username=make_user("nora", None).username, password=PASSWORD)
+    url = reverse("nodes:launch-events", args=[long_log.pk])
+    assert reader.get(reverse("nodes:launch-lines", args=[long_log.pk])).status_code == 200
+    answer = reader.get(url)
+    assert answer.status_code == 200
+
+    async def read() -> bytes:
+        return b"".join([chunk async for chunk in answer.streaming_content])  # type: ignore[attr-defined]
+
+    body = async_to_sync(read)().decode()  # an ended launch: every line, then the end
+    assert "needle number 10000" in body and body.endswith("event: end\ndata: {}\n\n")
+    assert Client().get(url).status_code == 403

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from nodes.remote import agent
-from nodes.remote.client import AGENT, GroupStatus, _answer
+from nodes.remote.client import AGENT, GroupStatus, _answer, parse_prepared
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
@@ -94,3 +94,48 @@ def test_every_command_answers_one_json_document_the_client_reads(tmp_path):
         assert isinstance(json.loads(done.stdout.strip().splitlines()[-1]), dict), command
     refused = subprocess.run([PYTHON, "-c", AGENT, "launch"], capture_output=True, text=True)
     assert refused.returncode != 0 and "unknown command" in refused.stderr
+
+
+def _prepare(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [PYTHON, "-c", AGENT, "prepare", *args], capture_output=True, text=True, check=True
+    )
+
+
+def test_prepare_reads_all_pre_flight_needs_in_one_run_and_only_the_group_of_a_running_one(
+    tmp_path,
+):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2", "num_hidden_layers": 2}))
+    (model / "w.safetensors").write_bytes(b"\0" * 64)
+    folder = tmp_path / "launch"
+    listener = __import__("socket").create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    try:
+        done = _prepare(str(folder), PYTHON, str(model), "-", str(port), "1")
+    finally:
+        listener.close()
+    found = parse_prepared(done.stdout)
+    assert found.status.pid is None and not found.status.exists
+    assert found.facts is not None and found.facts.host_ram_bytes > 0
+    assert found.model is not None and found.model.config == {
+        "model_type": "qwen2",
+        "num_hidden_layers": 2,
+    }
+    assert found.preflight is not None and found.preflight.model_found is True
+    assert found.preflight.listening == [port]
+    # Asked again with the stamp of what it read: the folder is unchanged.
+    stamp = found.model.stamp or ""
+    again = parse_prepared(_prepare(str(folder), PYTHON, str(model), stamp).stdout)
+    assert again.model is not None and again.model.unchanged
+    # A launch already running in the folder is adopted: nothing else is read.
+    folder.mkdir()
+    leader = _group(folder)
+    try:
+        running = parse_prepared(_prepare(str(folder), PYTHON, str(model), "-").stdout)
+        assert running.status.pid == leader.pid and running.status.alive
+        assert running.facts is None and running.model is None and running.preflight is None
+    finally:
+        os.killpg(leader.pid, signal.SIGKILL)
+        leader.wait()
