@@ -403,10 +403,24 @@
       queue = queue.slice(-CAP);
       moreBefore = true;
     }
-    if (queue.length) requestAnimationFrame(flush);
+    if (queue.length) schedule();
     say();
   }
-  // One DOM write a frame, however many events came: the window keeps only CAP lines anyway.
+  // At most one DOM write every FLUSH_MS, in a frame, however many events came: each write
+  // lays out the window (up to CAP lines), and a click waits behind the write under way.
+  const FLUSH_MS = 100;
+  let flushed = 0;
+  let scheduled = false;
+  function schedule() {
+    if (scheduled) return;
+    scheduled = true;
+    const wait = Math.max(0, flushed + FLUSH_MS - performance.now());
+    setTimeout(() => requestAnimationFrame(() => {
+      scheduled = false;
+      flushed = performance.now();
+      flush();
+    }), wait);
+  }
   function flush() {
     if (!queue.length) return;
     let rows = queue;
