@@ -176,10 +176,6 @@ async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     return response
 
 
-#: The least time between two events of lines while lines keep coming (s).
-EVENT_GAP_S = 0.005
-
-
 def _event(rows: list[Any]) -> str:
     return f"id: {rows[-1][0]}\nevent: lines\ndata: {json.dumps(rows)}\n\n"
 
@@ -189,7 +185,6 @@ async def _events(pk: int, after: int) -> AsyncIterator[str]:
     pubsub: Any = None
     last, shown, quiet = after, None, 0.0
     loop = asyncio.get_running_loop()
-    sent = float("-inf")  # when the last lines event went (the loop's clock)
     try:
         yield "retry: 1000\n\n"
         while True:
@@ -234,13 +229,11 @@ async def _events(pk: int, after: int) -> AsyncIterator[str]:
                 published = _published(message, last)
                 if published is None:
                     break
-                # What else arrives within EVENT_GAP_S of the last event goes in the same
-                # one: a batch goes at once on a quiet stream; a busy one is sent at most
-                # every EVENT_GAP_S, so the browser handles fewer, bigger events.
+                # What else has arrived meanwhile goes in the same event: one event a batch
+                # while the stream is quiet, fewer and bigger ones when it is busy.
                 gap = False
                 while pubsub is not None and len(published) < BATCH:
-                    left = max(0.0, sent + EVENT_GAP_S - loop.time())
-                    pubsub, message = await _wait(pubsub, left)
+                    pubsub, message = await _wait(pubsub, 0)
                     if message is None:
                         break
                     more = _published(message, int(published[-1][0]) if published else last)
@@ -251,7 +244,6 @@ async def _events(pk: int, after: int) -> AsyncIterator[str]:
                 if published:
                     last = int(published[-1][0])
                     quiet = 0.0
-                    sent = loop.time()
                     yield _event(published)
                 if gap or loop.time() - waited >= 1.0:
                     break

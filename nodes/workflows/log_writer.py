@@ -1,11 +1,12 @@
 """Store a follower's log lines off its read loop.
 
 The follower publishes each batch of lines to live viewers the moment it has read them
-(``nodes.live``) and hands the batch here; a thread of its own commits what has queued up, many
-batches in one transaction at high rates, one at low rates, so a commit never holds up the next
-read. Each commit moves the launch's stored byte offset with a conditional update (the lease's
-token and the offset it expects), so two writers can never both store the same bytes, and a
-follower that starts again reads on from exactly what is stored.
+(``nodes.live``) and hands the batch here; a thread of its own commits what has queued up, at
+most every ``COMMIT_EVERY_S`` (one batch at once on a quiet stream, many in one transaction on a
+busy one), so a commit never holds up the next read and a busy stream costs few commits. Each
+commit moves the launch's stored byte offset with a conditional update (the lease's token and
+the offset it expects), so two writers can never both store the same bytes, and a follower that
+starts again reads on from exactly what is stored.
 
 The queue is bounded: when the database falls behind, ``put`` waits, the follower stops
 reading, and the node's ``tail`` waits on the SSH window; nothing is dropped.
@@ -33,6 +34,10 @@ HEAD_LINES_KEPT = 1000
 QUEUE_BATCHES = 256
 #: Rows one transaction stores at most.
 COMMIT_ROWS_MAX = 20_000
+#: The least time between two commits while lines keep coming (s); a flush does not wait.
+COMMIT_EVERY_S = 0.05
+# Words to the thread besides batches: commit now; commit and stop.
+_FLUSH, _STOP = "flush", "stop"
 
 
 class LeaseLost(Exception):
@@ -63,7 +68,8 @@ class LogWriter:
         self._error: BaseException | None = None
         #: When a commit last renewed the lease (monotonic s; -inf: never).
         self.renewed = float("-inf")
-        self._queue: queue.Queue[Batch | None] = queue.Queue(QUEUE_BATCHES)
+        self._queue: queue.Queue[Batch | str] = queue.Queue(QUEUE_BATCHES)
+        self._committed = float("-inf")
         self._thread: threading.Thread | None = None
         if threaded:
             self._thread = threading.Thread(
@@ -83,13 +89,14 @@ class LogWriter:
     def flush(self) -> None:
         """Wait until every batch put is committed; raises as ``put`` does."""
         if self._thread is not None:
+            self._queue.put(_FLUSH)
             self._queue.join()
         self._raise()
 
     def close(self) -> None:
         """Commit what is queued and stop the thread; raises as ``put`` does."""
         if self._thread is not None and self._thread.is_alive():
-            self._queue.put(None)
+            self._queue.put(_STOP)
             self._thread.join()
         self._raise()
 
@@ -100,30 +107,35 @@ class LogWriter:
     def _run(self) -> None:
         try:
             while True:
-                first = self._queue.get()
-                if first is None:
-                    self._queue.task_done()
-                    return
-                batches, rows, stop = [first], len(first.rows), False
-                while rows < COMMIT_ROWS_MAX:
+                item = self._queue.get()
+                batches: list[Batch] = []
+                rows = words = 0
+                due = self._committed + COMMIT_EVERY_S
+                while True:
+                    if isinstance(item, str):  # a flush or the stop: commit now
+                        words += 1
+                        break
+                    batches.append(item)
+                    rows += len(item.rows)
+                    left = due - time.monotonic()
+                    if rows >= COMMIT_ROWS_MAX:
+                        break
                     try:
-                        more = self._queue.get_nowait()
+                        item = (
+                            self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                        )
                     except queue.Empty:
                         break
-                    if more is None:
-                        stop = True
-                        break
-                    batches.append(more)
-                    rows += len(more.rows)
                 try:
-                    if self._error is None:
+                    if batches and self._error is None:
                         self._commit(batches)
+                        self._committed = time.monotonic()
                 except BaseException as exc:  # kept for the follower, which raises it
                     self._error = exc
                 finally:
-                    for _ in range(len(batches) + stop):
+                    for _ in range(len(batches) + words):
                         self._queue.task_done()
-                if stop:
+                if item == _STOP:
                     return
         finally:
             connection.close()  # this thread's own connection

@@ -199,16 +199,18 @@
     moreBefore = more.more_before;
     atTail = !more.more_after;
   }
+  // The button is written only when what it says changes: say() runs for every event.
+  let said = null;
   function say() {
-    if (following && atTail) {
-      followButton.hidden = true;
-      return;
-    }
-    followButton.hidden = false;
-    if (!live) followButton.textContent = "Go to the end";
-    else if (arrived) {
-      followButton.textContent = `Follow live (${arrived.toLocaleString()} new line${arrived === 1 ? "" : "s"})`;
-    } else followButton.textContent = "Follow live";
+    let words = "";
+    if (following && atTail) words = "";
+    else if (!live) words = "Go to the end";
+    else if (arrived) words = `Follow live (${arrived.toLocaleString()} new line${arrived === 1 ? "" : "s"})`;
+    else words = "Follow live";
+    if (words === said) return;
+    said = words;
+    followButton.hidden = !words;
+    if (words) followButton.textContent = words;
   }
 
   // --- reading the stored log ------------------------------------------------------------------
@@ -403,25 +405,17 @@
       queue = queue.slice(-CAP);
       moreBefore = true;
     }
-    if (queue.length) schedule();
+    if (queue.length && !scheduled) {
+      scheduled = true;
+      requestAnimationFrame(flush);
+    }
     say();
   }
-  // At most one DOM write every FLUSH_MS, in a frame, however many events came: each write
-  // lays out the window (up to CAP lines), and a click waits behind the write under way.
-  const FLUSH_MS = 100;
-  let flushed = 0;
+  // One DOM write a frame, however many events came (small writes: a click waits behind at
+  // most one of them); the window keeps only CAP lines anyway.
   let scheduled = false;
-  function schedule() {
-    if (scheduled) return;
-    scheduled = true;
-    const wait = Math.max(0, flushed + FLUSH_MS - performance.now());
-    setTimeout(() => requestAnimationFrame(() => {
-      scheduled = false;
-      flushed = performance.now();
-      flush();
-    }), wait);
-  }
   function flush() {
+    scheduled = false;
     if (!queue.length) return;
     let rows = queue;
     queue = [];
