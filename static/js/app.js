@@ -406,16 +406,20 @@
       moreBefore = true;
     }
     if (queue.length && !scheduled) {
+      // At most one DOM write every FLUSH_MS, in a frame, however many events came: each
+      // write lays the window (up to CAP lines) out again.
       scheduled = true;
-      requestAnimationFrame(flush);
+      const wait = Math.max(0, flushed + FLUSH_MS - performance.now());
+      setTimeout(() => requestAnimationFrame(flush), wait);
     }
     say();
   }
-  // One DOM write a frame, however many events came (small writes: a click waits behind at
-  // most one of them); the window keeps only CAP lines anyway.
+  const FLUSH_MS = 100;
   let scheduled = false;
+  let flushed = 0;
   function flush() {
     scheduled = false;
+    flushed = performance.now();
     if (!queue.length) return;
     let rows = queue;
     queue = [];

@@ -160,22 +160,19 @@ def test_the_download_says_where_lines_were_not_kept_at_the_end(viewer_client, l
     assert text.endswith("[rankwise: lines 9991–10000 were not kept]\n")
 
 
-def test_whoever_may_read_the_lines_may_follow_them_live(long_log):
-    from asgiref.sync import async_to_sync
+def test_whoever_may_read_the_lines_may_follow_them_live(long_log, panel):
     from django.test import Client
 
     from tests.factories import PASSWORD, make_user
+    from tests.sse import events
 
+    nora = make_user("nora", None)  # no role: she may open the page and read its lines
     reader = Client()
-    reader.login(username=make_user("nora", None).username, password=PASSWORD)
-    url = reverse("nodes:launch-events", args=[long_log.pk])
+    reader.login(username=nora.username, password=PASSWORD)
     assert reader.get(reverse("nodes:launch-lines", args=[long_log.pk])).status_code == 200
-    answer = reader.get(url)
-    assert answer.status_code == 200
-
-    async def read() -> bytes:
-        return b"".join([chunk async for chunk in answer.streaming_content])  # type: ignore[attr-defined]
-
-    body = async_to_sync(read)().decode()  # an ended launch: every line, then the end
-    assert "needle number 10000" in body and body.endswith("event: end\ndata: {}\n\n")
-    assert Client().get(url).status_code == 403
+    url = panel.url + reverse("nodes:launch-events", args=[long_log.pk])
+    got = list(events(url, panel.cookie_for(nora)))  # an ended launch: every line, then the end
+    seqs = [seq for e in got if e.name == "lines" for seq, _ in e.lines()]
+    assert seqs == list(range(1, 10_001)) and got[-1].name == "end"
+    with pytest.raises(OSError, match="HTTP 403"):
+        list(events(url, ""))
