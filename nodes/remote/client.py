@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -66,12 +66,13 @@ class Prepared:
     """What a launch's pre-flight reads on the node, in one run of the agent (``prepare``): the
     launch folder's group (``status``; when it runs already it is adopted and nothing else was
     read), the probe (``facts``), the model folder (``model``; None for a path that is not
-    local) and the ``preflight`` readings."""
+    local) and the ``preflight`` readings, of the ``ports`` it was asked about."""
 
     status: GroupStatus
     facts: NodeFacts | None = None
     model: ModelFolder | None = None
     preflight: Preflight | None = None
+    ports: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,9 +195,21 @@ def _masked(doc: Any) -> Any:
 def _answer(kind: type[T], text: str, what: str) -> T:
     """The last line of ``text`` read as ``kind``; ``RemoteError`` when it cannot be."""
     try:
-        doc = _masked(json.loads(text.strip().splitlines()[-1]))
-        return TypeAdapter(kind).validate_python(doc)
-    except (ValueError, IndexError, ValidationError) as exc:
+        doc = json.loads(text.strip().splitlines()[-1])
+    except (ValueError, IndexError) as exc:
+        detail = str(exc).splitlines()[0][:200] if str(exc) else "no answer"
+        raise ssh.RemoteError(
+            "command_failed", f"{what} printed no usable answer ({detail})"
+        ) from None
+    return _validated(kind, doc, what)
+
+
+def _validated(kind: type[T], doc: Any, what: str) -> T:
+    """``doc`` (a parsed answer, command lines masked) read as ``kind``; ``RemoteError`` when it
+    cannot be."""
+    try:
+        return TypeAdapter(kind).validate_python(_masked(doc))
+    except ValidationError as exc:
         detail = str(exc).splitlines()[0][:200] if str(exc) else "no answer"
         raise ssh.RemoteError(
             "command_failed", f"{what} printed no usable answer ({detail})"
@@ -262,7 +275,8 @@ def prepare(
         raise ssh.RemoteError(
             "command_failed", "python3 is not installed on the node", exit_status=127
         )
-    return parse_prepared(result.stdout, result.stderr, result.exit_status)
+    found = parse_prepared(result.stdout, result.stderr, result.exit_status)
+    return replace(found, ports=tuple(ports))
 
 
 def parse_prepared(stdout: str, stderr: str = "", exit_status: int | None = 0) -> Prepared:
@@ -280,12 +294,12 @@ def parse_prepared(stdout: str, stderr: str = "", exit_status: int | None = 0) -
             f"{what} printed no usable answer ({str(exc)[:200]}) {tail[0][:200]}".strip(),
             exit_status=exit_status,
         ) from None
-    parts = {k: json.dumps(doc[k]) for k in ("status", "model", "preflight") if doc.get(k)}
+    model, read = doc.get("model"), doc.get("preflight")
     return Prepared(
-        status=_answer(GroupStatus, parts.get("status", ""), what),
+        status=_validated(GroupStatus, doc.get("status"), what),
         facts=facts,
-        model=_answer(ModelFolder, parts["model"], what) if "model" in parts else None,
-        preflight=_answer(Preflight, parts["preflight"], what) if "preflight" in parts else None,
+        model=_validated(ModelFolder, model, what) if model else None,
+        preflight=_validated(Preflight, read, what) if read else None,
     )
 
 

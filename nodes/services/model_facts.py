@@ -151,6 +151,14 @@ def read_now(node: Node, model_path: str) -> ModelReading:
     return record(node, model_path, answer, error)
 
 
+def local_folder(model_path: str) -> str:
+    """The folder ``model_facts`` reads for ``model_path`` (normalised), or ``""`` for a path
+    it does not read on the node (a Hub id, one too long)."""
+    if not model_path.startswith("/") or len(model_path) > PATH_MAX:
+        return ""
+    return posixpath.normpath(model_path)
+
+
 def stamp_of(node: Node, model_path: str) -> str | None:
     """The stamp of what was last read of the folder at this node's address (None: nothing),
     for the agent to answer ``unchanged`` when it still holds."""

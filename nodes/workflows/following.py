@@ -103,18 +103,18 @@ class Follower:
 
     def _beat(self) -> Launch:
         """Renew the lease and return the launch as stored; raises ``LeaseLost``."""
-        if self.writer is not None and time.monotonic() - self.writer.renewed < STATUS_EVERY_S:
-            # The writer's last commit renewed it: a read says whether it is still ours, and
-            # the read loop does not queue for the database's write lock behind the writer.
-            launch = Launch.objects.select_related("node", "revision").get(pk=self.launch_id)
-            if launch.worker_token != self.token:
-                raise LeaseLost
-            return launch
-        if not Launch.objects.filter(pk=self.launch_id, worker_token=self.token).update(
-            worker_beat=timezone.now()
-        ):
+        # While the writer's commits renew it, a read says whether it is still ours: the read
+        # loop does not queue for the database's write lock behind the writer.
+        writer = self.writer
+        renewed = writer is not None and time.monotonic() - writer.renewed < STATUS_EVERY_S
+        if not renewed and not Launch.objects.filter(
+            pk=self.launch_id, worker_token=self.token
+        ).update(worker_beat=timezone.now()):
             raise LeaseLost
-        return Launch.objects.select_related("node", "revision").get(pk=self.launch_id)
+        launch = Launch.objects.select_related("node", "revision").get(pk=self.launch_id)
+        if launch.worker_token != self.token:
+            raise LeaseLost
+        return launch
 
     def run(self) -> None:
         if not launch_state.claim(self.launch_id, self.token, tuple(LaunchStatus)):

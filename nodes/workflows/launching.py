@@ -7,7 +7,6 @@ attempt did (the node-side folder, the conditional status transitions)."""
 from __future__ import annotations
 
 import logging
-import posixpath
 import re
 import secrets as pysecrets
 from dataclasses import replace
@@ -427,7 +426,7 @@ def _read_node(launch: Launch) -> agent.Prepared:
     hostkeys.verify(node)
     flags = parse_command(args_of(launch), table(node.sglang_version or DEFAULT_VERSION))
     path = str(flags.get("model_path", default="") or "")
-    local = _readable_model_path(path)
+    local = model_readings.local_folder(path)
     # One pooled connection per node, used one step at a time (sessions do not nest).
     with ssh.pool.session(target_for(node)) as conn:
         return agent.prepare(
@@ -440,13 +439,6 @@ def _read_node(launch: Launch) -> agent.Prepared:
         )
 
 
-def _readable_model_path(path: str) -> str:
-    """The folder ``model_facts`` would read for ``path`` (normalised), or ``""``."""
-    if not path.startswith("/") or len(path) > model_readings.PATH_MAX:
-        return ""
-    return posixpath.normpath(path)
-
-
 def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], BudgetReport]:
     """Every check of the launch against the node as ``found`` just read it (one round trip;
     a second only when the node's SGLang turned out to be another version whose flags ask for
@@ -455,10 +447,6 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
     if found.facts is None or found.preflight is None:
         raise ssh.RemoteError("command_failed", "the node agent's prepare read nothing")
     facts = found.facts
-    # The ports the agent was asked about, as the node's stored version reads the command.
-    asked = plan.ports_needed(
-        parse_command(args_of(launch), table(node.sglang_version or DEFAULT_VERSION))
-    )
     readings.save_facts(node, facts)
     version = facts.sglang_version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args_of(launch), table(version))
@@ -467,7 +455,7 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
     # Again on the worker, just before the start: the node's allowances may have changed.
     checks.append(plan.check_environment(env_problems(flags.env, node)))
     checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
-    local = _readable_model_path(str(flags.get("model_path", default="") or ""))
+    local = model_readings.local_folder(str(flags.get("model_path", default="") or ""))
     if local and found.model is not None:
         model_readings.record(node, local, found.model)  # what _budget's model_facts reads
     report = _budget(launch, flags, facts, version)
@@ -487,7 +475,7 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
     launch.gpu_used_before = before
     model_path = str(flags.get("model_path", default="") or "")
     read = found.preflight
-    if set(plan.ports_needed(flags)) - set(asked):
+    if set(plan.ports_needed(flags)) - set(found.ports):
         with ssh.pool.session(target_for(node)) as conn:
             read = agent.preflight(conn, model_path, plan.ports_needed(flags))
     checks.append(plan.check_ports(plan.ports_needed(flags), read.listening))

@@ -357,7 +357,7 @@
     matches = doc.matches.map((row) => row[0]);
     moreMatches = doc.more;
     matchTotal = doc.capped ? `${doc.count.toLocaleString()}+` : doc.count.toLocaleString();
-    matchesLabel.textContent = `${doc.count.toLocaleString()}${doc.capped ? "+" : ""} match${doc.count === 1 ? "" : "es"}`;
+    matchesLabel.textContent = `${matchTotal} match${doc.count === 1 ? "" : "es"}`;
     if (matches.length) step(1);
     else for (const span of log.querySelectorAll("span[data-seq]")) fill(span, span.textContent.slice(0, -1));
   });
