@@ -107,12 +107,13 @@
     details.append(document.createElement("summary"));
     return details;
   }
+  // A group is its summary followed by its lines, so counting needs no search: the window's
+  // one group can hold thousands of lines and is labelled at every live append.
   function label(details) {
-    const spans = details.querySelectorAll("span[data-seq]");
-    const latest = spans[spans.length - 1];
+    const n = details.childElementCount - 1;
     details.firstChild.textContent =
-      `${spans.length} decode-batch line${spans.length === 1 ? "" : "s"}, latest: ` +
-      latest.textContent.trim();
+      `${n} decode-batch line${n === 1 ? "" : "s"}, latest: ` +
+      details.lastElementChild.textContent.trim();
   }
   const isGroup = (node) => Boolean(node && node.classList && node.classList.contains("decode-group"));
   const isDecode = (node) => Boolean(node && (isGroup(node) || node.dataset.decode));
@@ -174,13 +175,18 @@
     while (count > CAP) {
       const edge = fromTop ? log.firstElementChild : log.lastElementChild;
       if (!edge) break;
-      if (edge.classList.contains("decode-group")) {
-        const spans = edge.querySelectorAll("span[data-seq]");
-        const gone = fromTop ? spans[0] : spans[spans.length - 1];
-        gone.remove();
-        count -= 1;
-        if (spans.length === 1) edge.remove();
-        else label(edge);
+      if (isGroup(edge)) {
+        // All the lines to drop from a group at once: one by one, each drop re-read the group.
+        const size = edge.childElementCount - 1;
+        const drop = Math.min(count - CAP, size);
+        if (drop === size) edge.remove();
+        else {
+          for (let i = 0; i < drop; i++) {
+            (fromTop ? edge.firstElementChild.nextElementSibling : edge.lastElementChild).remove();
+          }
+          label(edge);
+        }
+        count -= drop;
       } else {
         edge.remove();
         count -= 1;

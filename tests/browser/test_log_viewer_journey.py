@@ -121,6 +121,15 @@ def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scroll
     summary = page.locator("#launch-log details.decode-group > summary")
     expect(summary).to_have_count(1)
     expect(summary).to_contain_text("decode-batch lines, latest: ")
+    # After the window dropped its oldest lines, the group still counts what it holds and shows
+    # its newest line (read in one go: the page appends between two reads).
+    held_lines, said, newest = page.evaluate(
+        "(() => { const g = document.querySelector('#launch-log details.decode-group');"
+        " const s = g.querySelectorAll('span[data-seq]');"
+        " return [s.length, g.firstChild.textContent, s[s.length - 1].textContent.trim()]; })()"
+    )
+    assert held_lines > 2000
+    assert said == f"{held_lines} decode-batch lines, latest: {newest}"
     page.get_by_label("Group decode-batch lines").uncheck()
     page.wait_for_function(f"{LINES}.length > 500 && !document.querySelector('.decode-group')")
     page.evaluate(
