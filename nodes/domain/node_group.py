@@ -1,0 +1,210 @@
+"""One server over several nodes: what each node runs, from one revision, and where the nodes
+meet (issue 22). Plain arithmetic over what the nodes reported; nothing here reaches a node.
+
+SGLang's multi-node launch (shared/reference/sglang.md §1b): every node runs the same flags with
+its own ``--node-rank R`` (0 … nnodes − 1) and the same ``--dist-init-addr HOST:PORT``, node 0's
+address, where node 0's first rank serves the distributed store the others join
+(``init_distributed_environment(distributed_init_method=f"tcp://{dist_init_addr}")``). Each node
+runs tp × pp / nnodes ranks ("tp_size must be divisible by number of nodes"); node R holds the
+TP ranks R × per … (R + 1) × per − 1. Nodes of rank ≥ 1 run no tokenizer and serve a dummy
+``/health`` on ``--port`` that always answers 200, so every node needs the HTTP port; only node 0
+serves requests. NCCL and Gloo pick their interface from ``NCCL_SOCKET_IFNAME`` /
+``GLOO_SOCKET_IFNAME`` when set (NCCL's environment documentation), else one of their own choice,
+and SGLang's own address from ``SGLANG_HOST_IP``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from nodes.domain.launch_plan import PlanError, server_port
+from nodes.domain.sglang_flags import ParsedCommand, address_port
+
+#: The store's port when the revision names none: SGLang's documentation's examples use 5000
+#: (``--dist-init-addr 10.0.0.1:5000``); the launch reserves it on node 0 like any other port.
+DEFAULT_DIST_PORT = 5000
+#: The variables that pin the interface collective traffic uses, in the order they are checked.
+INTERFACE_VARIABLES = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+
+
+@dataclass(frozen=True)
+class Interface:
+    """One network interface of a node as its probe read it: ``name`` (``eth0``) and ``address``
+    with its prefix length (``10.0.0.2/24``, IPv4 or IPv6)."""
+
+    name: str
+    address: str
+
+    @property
+    def parsed(self) -> ipaddress.IPv4Interface | ipaddress.IPv6Interface:
+        return ipaddress.ip_interface(self.address)
+
+    @property
+    def loopback(self) -> bool:
+        return self.parsed.is_loopback
+
+
+@dataclass(frozen=True)
+class GroupNode:
+    """A node of the group, in rank order: its inventory name and its interfaces."""
+
+    name: str
+    interfaces: tuple[Interface, ...]
+
+
+@dataclass
+class Meeting:
+    """Where the nodes meet: node 0's ``host`` on the network every node has an address in,
+    the store's ``port``, the interface each node's collectives will use (node name → interface
+    name) and warnings worth a look before starting (loopback, another subnet)."""
+
+    host: str
+    port: int
+    interfaces: dict[str, str]
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def ranks_per_node(flags: ParsedCommand, nodes: int) -> int:
+    """tp × pp / nnodes for a group of ``nodes``. Raises ``PlanError`` when the command's
+    ``--nnodes`` is not the group's size or does not divide tp × pp."""
+    nnodes = int(flags.get("nnodes", default=1))
+    if nnodes != nodes:
+        raise PlanError(
+            f"the command says --nnodes {nnodes} but the launch names {nodes} node(s): "
+            "list one node per --nnodes, in rank order"
+        )
+    if nodes < 2:
+        raise PlanError("a node group has at least two nodes")
+    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
+    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
+    if tp < 1 or pp < 1:
+        raise PlanError("tp and pp sizes must be at least 1")
+    if (tp * pp) % nodes:
+        raise PlanError(
+            f"tp × pp = {tp * pp} is not divisible by --nnodes {nodes} (SGLang: "
+            '"tp_size must be divisible by number of nodes")'
+        )
+    if flags.get("dp_size", "data_parallel_size", default=1) != 1 and not flags.get(
+        "enable_dp_attention", default=False
+    ):
+        raise PlanError(
+            "SGLang runs --dp-size replicas on one node only: multi-node data parallelism needs "
+            '--enable-dp-attention ("multi-node data parallel is not supported unless dp '
+            'attention!")'
+        )
+    return tp * pp // nodes
+
+
+def tp_ranks(flags: ParsedCommand, nodes: int, node_rank: int) -> range:
+    """The TP ranks node ``node_rank`` runs (SGLang's ``tp_rank_range``)."""
+    per = ranks_per_node(flags, nodes)
+    return range(per * node_rank, per * (node_rank + 1))
+
+
+def dist_port(flags: ParsedCommand) -> int:
+    """The store's port: the one the revision's ``--dist-init-addr`` names, else
+    ``DEFAULT_DIST_PORT``."""
+    given = address_port(str(flags.get("dist_init_addr") or ""))
+    return int(given) if given is not None else DEFAULT_DIST_PORT
+
+
+def node_ports(flags: ParsedCommand, node_rank: int) -> list[int]:
+    """The ports a node of the group must have free: every node binds ``--port`` (node 0 the
+    server, the others the dummy ``/health``); node 0 also the store's port and the ports SGLang
+    derives from it (with DP attention its ZMQ sockets take the store's port + 1 … + 4 + dp)."""
+    if node_rank:
+        return [server_port(flags)]
+    store = dist_port(flags)
+    ports = {server_port(flags), store}
+    if flags.get("nccl_port"):
+        ports.add(int(flags.get("nccl_port")))
+    if flags.get("enable_dp_attention", default=False):
+        dp = int(flags.get("dp_size", "data_parallel_size", default=1))
+        ports |= set(range(store + 1, store + 5 + dp))
+    return sorted(ports)
+
+
+def meeting(flags: ParsedCommand, nodes: Sequence[GroupNode], env: dict[str, str]) -> Meeting:
+    """Node 0's address on the first of its networks (in the order its probe listed them) that
+    every node has an address in; with ``NCCL_SOCKET_IFNAME`` or ``GLOO_SOCKET_IFNAME`` in the
+    launch's environment, that interface's network instead. Raises ``PlanError`` when the nodes
+    share no network, or a node lacks the interface the environment names."""
+    if len(nodes) < 2:
+        raise PlanError("a node group has at least two nodes")
+    pinned = next((env[v] for v in INTERFACE_VARIABLES if env.get(v)), "")
+    if pinned:
+        return _pinned(flags, nodes, pinned)
+    first, rest = nodes[0], nodes[1:]
+    for own in first.interfaces:
+        if own.loopback:
+            continue
+        network = own.parsed.network
+        chosen = {first.name: own.name}
+        for node in rest:
+            match = next((i for i in node.interfaces if i.parsed.ip in network), None)
+            if match is None:
+                break
+            chosen[node.name] = match.name
+        else:
+            return Meeting(str(own.parsed.ip), dist_port(flags), chosen)
+    listed = "; ".join(
+        f"{n.name}: " + (", ".join(f"{i.name} {i.address}" for i in n.interfaces) or "none")
+        for n in nodes
+    )
+    raise PlanError(
+        f"the nodes share no network: no address of {first.name} (node 0) is in a subnet every "
+        f"other node has an address in ({listed})"
+    )
+
+
+def _pinned(flags: ParsedCommand, nodes: Sequence[GroupNode], name: str) -> Meeting:
+    """Every node uses interface ``name``: node 0's address on it is the meeting point."""
+    found: dict[str, Interface] = {}
+    for node in nodes:
+        match = next((i for i in node.interfaces if i.name == name), None)
+        if match is None:
+            have = ", ".join(i.name for i in node.interfaces) or "none"
+            raise PlanError(
+                f"{node.name} has no interface {name} (the launch's environment pins "
+                f"NCCL/Gloo to it); its interfaces: {have}"
+            )
+        found[node.name] = match
+    own = found[nodes[0].name]
+    warnings = []
+    if own.loopback:
+        warnings.append(
+            f"{name} is a loopback interface: other nodes cannot reach {nodes[0].name} on it"
+        )
+    network = own.parsed.network
+    for node in nodes[1:]:
+        other = found[node.name]
+        if other.parsed.ip not in network:
+            warnings.append(
+                f"{node.name}'s {name} ({other.address}) is not in {nodes[0].name}'s subnet "
+                f"{network}: its ranks reach node 0 only if something routes between the two"
+            )
+    return Meeting(
+        str(own.parsed.ip),
+        dist_port(flags),
+        {n: i.name for n, i in found.items()},
+        warnings,
+    )
+
+
+def node_args(args: Sequence[str], node_rank: int, meeting_point: Meeting) -> list[str]:
+    """The revision's flags for one node: ``--node-rank`` and ``--dist-init-addr`` appended (the
+    last one wins, as in argparse), so every node runs the same flags but these two."""
+    return [
+        *args,
+        "--node-rank",
+        str(node_rank),
+        "--dist-init-addr",
+        meeting_point.address,
+    ]

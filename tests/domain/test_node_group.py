@@ -1,0 +1,103 @@
+"""One server over several nodes (issue 22): ranks per node, the ports each node needs, where the
+nodes meet, and each node's flags from one revision."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.domain import node_group as group
+from nodes.domain.launch_plan import PlanError
+from nodes.domain.sglang_flags import ParsedCommand
+
+
+def flags(**values) -> ParsedCommand:
+    return ParsedCommand(values=values, given=set(values))
+
+
+def node(name: str, *interfaces: tuple[str, str]) -> group.GroupNode:
+    return group.GroupNode(name, tuple(group.Interface(n, a) for n, a in interfaces))
+
+
+LO = ("lo", "127.0.0.1/8")
+
+
+def test_each_node_runs_its_share_of_the_ranks_in_order():
+    kimi = flags(tp_size=16, nnodes=2)
+    assert group.ranks_per_node(kimi, 2) == 8
+    assert list(group.tp_ranks(kimi, 2, 0)) == list(range(8))
+    assert list(group.tp_ranks(kimi, 2, 1)) == list(range(8, 16))
+    assert group.ranks_per_node(flags(tp_size=8, pp_size=2, nnodes=4), 4) == 4
+
+
+@pytest.mark.parametrize(
+    ("values", "nodes", "words"),
+    [
+        ({"tp_size": 16, "nnodes": 2}, 3, "--nnodes 2 but the launch names 3"),
+        ({"tp_size": 16}, 2, "--nnodes 1 but the launch names 2"),
+        ({"tp_size": 8, "nnodes": 1}, 1, "at least two nodes"),
+        ({"tp_size": 6, "nnodes": 4}, 4, "6 is not divisible by --nnodes 4"),
+        ({"tp_size": 8, "dp_size": 2, "nnodes": 2}, 2, "needs --enable-dp-attention"),
+    ],
+)
+def test_a_command_that_does_not_split_over_the_group_is_refused_with_why(values, nodes, words):
+    with pytest.raises(PlanError, match=words):
+        group.ranks_per_node(flags(**values), nodes)
+
+
+def test_every_node_needs_the_http_port_and_node_0_the_store_and_its_derived_ports():
+    plain = flags(tp_size=16, nnodes=2, port=30000)
+    assert group.node_ports(plain, 0) == [5000, 30000]
+    assert group.node_ports(plain, 1) == [30000]
+    given = flags(tp_size=16, nnodes=2, dist_init_addr="10.0.0.1:6123", nccl_port=31000)
+    assert group.node_ports(given, 0) == [6123, 30000, 31000]
+    dp = flags(tp_size=16, nnodes=2, dp_size=2, enable_dp_attention=True)
+    # ZMQ over TCP from the store's port: + 1 … + 4 + dp (sglang.md §1b).
+    assert group.node_ports(dp, 0) == [5000, 5001, 5002, 5003, 5004, 5005, 5006, 30000]
+
+
+def test_the_nodes_meet_on_the_first_network_node_0_shares_with_every_node():
+    nodes = [
+        node("a", LO, ("eth0", "192.168.1.10/24"), ("ib0", "10.10.0.1/16")),
+        node("b", LO, ("eth0", "192.168.7.20/24"), ("ib0", "10.10.3.4/16")),
+        node("c", LO, ("ens5", "10.10.9.9/16")),
+    ]
+    met = group.meeting(flags(tp_size=24, nnodes=3), nodes, {})
+    assert (met.host, met.port, met.address) == ("10.10.0.1", 5000, "10.10.0.1:5000")
+    assert met.interfaces == {"a": "ib0", "b": "ib0", "c": "ens5"}
+    assert met.warnings == []
+
+
+def test_nodes_that_share_no_network_are_refused_with_every_nodes_addresses():
+    nodes = [node("a", LO, ("eth0", "192.168.1.10/24")), node("b", LO, ("eth0", "10.0.0.2/24"))]
+    with pytest.raises(PlanError, match=r"share no network.*a: lo 127\.0\.0\.1/8, eth0"):
+        group.meeting(flags(tp_size=16, nnodes=2), nodes, {})
+
+
+def test_an_interface_pinned_by_the_environment_is_used_and_warned_about():
+    nodes = [
+        node("a", LO, ("eth0", "192.168.1.10/24"), ("ib0", "10.10.0.1/24")),
+        node("b", LO, ("eth0", "192.168.1.11/24"), ("ib0", "10.20.0.2/24")),
+    ]
+    met = group.meeting(flags(tp_size=16, nnodes=2), nodes, {"NCCL_SOCKET_IFNAME": "ib0"})
+    assert met.host == "10.10.0.1" and met.interfaces == {"a": "ib0", "b": "ib0"}
+    assert met.warnings == [
+        "b's ib0 (10.20.0.2/24) is not in a's subnet 10.10.0.0/24: its ranks reach node 0 only "
+        "if something routes between the two"
+    ]
+    loop = group.meeting(flags(tp_size=16, nnodes=2), nodes, {"GLOO_SOCKET_IFNAME": "lo"})
+    assert loop.warnings[0] == "lo is a loopback interface: other nodes cannot reach a on it"
+    no_ib = [nodes[0], node("b", LO, ("eth0", "192.168.1.11/24"))]
+    with pytest.raises(PlanError, match="b has no interface ib0 .*its interfaces: lo, eth0$"):
+        group.meeting(flags(tp_size=16, nnodes=2), no_ib, {"NCCL_SOCKET_IFNAME": "ib0"})
+
+
+def test_each_node_runs_the_revisions_flags_with_its_rank_and_the_meeting_point():
+    met = group.Meeting("fd00::1", 5000, {})
+    args = ["--model-path", "/m", "--tp", "16", "--nnodes", "2", "--node-rank", "0"]
+    assert group.node_args(args, 1, met) == [
+        *args,
+        "--node-rank",
+        "1",
+        "--dist-init-addr",
+        "[fd00::1]:5000",
+    ]
