@@ -23,10 +23,12 @@ import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
+from django.db.models import QuerySet
 from django.http import (
     HttpRequest,
     HttpResponse,
     HttpResponseBase,
+    HttpResponseNotAllowed,
     JsonResponse,
     StreamingHttpResponse,
 )
@@ -51,12 +53,29 @@ def _seen(request: HttpRequest) -> Any:
     return visible_launches(request.user)
 
 
-def _seq(text: str | None) -> int | None:
-    """A sequence number from a query parameter (ASCII digits, below 2**31), or ``None`` when
-    absent or not one."""
-    if text is None or not re.fullmatch(r"[0-9]{1,10}", text) or int(text) >= 2**31:
+#: A line's sequence number is below this (the column is a 32-bit integer).
+SEQ_END = 2**31
+#: The stream checks this often that its viewer may still see the launch (a profile made
+#: team-only while its page is open stops the stream within this many seconds).
+RECHECK_S = 5.0
+
+
+class BadNumber(ValueError):
+    """A query parameter that should be a number and is not one; the message says which."""
+
+
+def _seq(text: str | None, name: str, low: int = 0, high: int = SEQ_END - 1) -> int | None:
+    """A number from a query parameter or header (ASCII digits, ``low`` … ``high``), ``None``
+    when absent. Raises ``BadNumber`` for anything else."""
+    if text is None:
         return None
+    if not re.fullmatch(r"[0-9]{1,10}", text) or not low <= int(text) <= high:
+        raise BadNumber(f"{name} is a whole number from {low:,} to {high:,}")
     return int(text)
+
+
+def _no_launch() -> JsonResponse:
+    return JsonResponse({"error": "No such launch."}, status=404)
 
 
 def _done(launch: Launch) -> bool:
@@ -70,20 +89,20 @@ def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
     after ``?after=SEQ`` (the live stream's polling fallback), before ``?before=SEQ`` (scrolling
     back), around ``?around=SEQ`` (a jump to a line or a match), or the last ones; at most
     ``?limit=`` (1,000). ``?level=warning|error``, ``?rank=TP3`` and ``?evidence=1`` filter.
-    400 with ``error`` for a filter it does not take."""
-    launch = get_object_or_404(_seen(request), pk=pk)
+    400 with ``error`` for a filter or number it does not take, or more than one of
+    ``after``, ``before`` and ``around``; 404 with ``error`` for a launch the user may not see."""
+    launch = _seen(request).filter(pk=pk).first()
+    if launch is None:
+        return _no_launch()
     try:
         filters = log_view.Filters.of(request.GET)
-    except log_view.BadFilter as exc:
+        edges = {k: _seq(request.GET.get(k), k) for k in ("after", "before", "around")}
+        limit = _seq(request.GET.get("limit"), "limit", 1, BATCH) or BATCH
+    except (log_view.BadFilter, BadNumber) as exc:
         return JsonResponse({"error": str(exc)}, status=400)
-    found = log_view.window(
-        launch,
-        after=_seq(request.GET.get("after")),
-        before=_seq(request.GET.get("before")),
-        around=_seq(request.GET.get("around")),
-        limit=_seq(request.GET.get("limit")) or BATCH,
-        filters=filters,
-    )
+    if sum(v is not None for v in edges.values()) > 1:
+        return JsonResponse({"error": "give one of after, before and around"}, status=400)
+    found = log_view.window(launch, **edges, limit=limit, filters=filters)
     return JsonResponse(
         {
             "lines": found.rows,
@@ -103,18 +122,23 @@ def launch_search(request: HttpRequest, pk: int) -> JsonResponse:
     filters: ``{"count", "capped", "matches": [[seq, text, level, rank], …], "more"}`` (the
     first 200 in order; the count goes to 100,000; ``more``: matches follow the listed ones).
     With ``?after=SEQ`` the next 200 after line SEQ, as ``{"matches", "more"}``. 400 with
-    ``error`` for a search it does not take."""
-    launch = get_object_or_404(_seen(request), pk=pk)
+    ``error`` for a search it does not take; 404 with ``error`` for a launch the user may not
+    see."""
+    launch = _seen(request).filter(pk=pk).first()
+    if launch is None:
+        return _no_launch()
     text = request.GET.get("q", "")
-    if not SEARCH_MIN <= len(text) <= SEARCH_MAX or "\x00" in text:
+    if not SEARCH_MIN <= len(text) <= SEARCH_MAX:
         return JsonResponse(
             {"error": f"search for {SEARCH_MIN} to {SEARCH_MAX} characters"}, status=400
         )
+    if "\x00" in text:
+        return JsonResponse({"error": "a search cannot hold a NUL character"}, status=400)
     try:
         filters = log_view.Filters.of(request.GET)
-    except log_view.BadFilter as exc:
+        after = _seq(request.GET.get("after"), "after")
+    except (log_view.BadFilter, BadNumber) as exc:
         return JsonResponse({"error": str(exc)}, status=400)
-    after = _seq(request.GET.get("after"))
     if after is not None:
         rows, more = log_view.matches_after(launch, text, after, filters)
         return JsonResponse({"matches": rows, "more": more})
@@ -160,7 +184,11 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
 async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     """The live log as Server-Sent Events: ``lines`` events (id = last seq, data = [[seq, text,
     level, rank], …]), ``state`` when the status or phase changed, ``end`` when nothing more
-    comes."""
+    comes. GET only: a HEAD would hold a stream open that no client reads. 400 for a
+    ``Last-Event-ID`` or ``?after=`` that is not a sequence number (the header, which a
+    reconnecting browser sends, wins over ``after``)."""
+    if request.method != "GET":
+        return HttpResponseNotAllowed(["GET"], "This stream is read with GET.")
     user = await request.auser()
     # Whoever may open the launch's page and read its lines may follow them (no role asked, as
     # for the page and /lines/; the team's visibility decides).
@@ -169,8 +197,12 @@ async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     seen = await sync_to_async(visible_launches)(user)
     if not await seen.filter(pk=pk).aexists():
         return HttpResponse("No such launch.", status=404)
-    after = _seq(request.headers.get("Last-Event-ID") or request.GET.get("after")) or 0
-    response = StreamingHttpResponse(_events(pk, after), content_type="text/event-stream")
+    try:
+        header = _seq(request.headers.get("Last-Event-ID"), "Last-Event-ID")
+        after = header if header is not None else _seq(request.GET.get("after"), "after") or 0
+    except BadNumber as exc:
+        return HttpResponse(str(exc), status=400)
+    response = StreamingHttpResponse(_events(pk, after, seen), content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
@@ -180,14 +212,21 @@ def _event(rows: list[Any]) -> str:
     return f"id: {rows[-1][0]}\nevent: lines\ndata: {json.dumps(rows)}\n\n"
 
 
-async def _events(pk: int, after: int) -> AsyncIterator[str]:
+async def _events(pk: int, after: int, seen: QuerySet[Launch]) -> AsyncIterator[str]:
+    """The stream's events; ``seen``: the launches its viewer may see, re-read every
+    ``RECHECK_S`` (the stream ends, without ``end``, once the launch is not among them)."""
     client = aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=1)
     pubsub: Any = None
     last, shown, quiet = after, None, 0.0
     loop = asyncio.get_running_loop()
+    checked = loop.time()
     try:
         yield "retry: 1000\n\n"
         while True:
+            if loop.time() - checked >= RECHECK_S:
+                if not await seen.filter(pk=pk).aexists():
+                    return
+                checked = loop.time()
             if pubsub is None:
                 pubsub = await _subscribe(client, pk)
             rows: list[Any] = [

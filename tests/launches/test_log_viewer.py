@@ -63,8 +63,10 @@ def test_windows_after_before_and_around_a_line(viewer_client, long_log):
     assert around["lines"][5][1].endswith("needle number 5000") and around["lines"][5][2] == 2
     first = _lines(viewer_client, long_log, "?after=0&limit=3")
     assert [r[0] for r in first["lines"]] == [1, 2, 3] and not first["more_before"]
-    # A window is bounded whatever is asked.
-    assert len(_lines(viewer_client, long_log, "?after=0&limit=999999")["lines"]) == 1000
+    # A window is bounded: 1,000 lines at most, and more is a 400 that says so (as the API's).
+    assert len(_lines(viewer_client, long_log, "?after=0&limit=1000")["lines"]) == 1000
+    too_many = viewer_client.get(reverse("nodes:launch-lines", args=[long_log.pk]), {"limit": 1001})
+    assert too_many.status_code == 400
 
 
 def test_filters_by_level_rank_and_evidence(viewer_client, long_log):
@@ -104,7 +106,12 @@ def test_search_over_the_whole_log_counts_and_lists_matches(viewer_client, long_
     ("where", "query", "said"),
     [
         ("nodes:launch-search", {"q": "x"}, "search for 2 to 200 characters"),
-        ("nodes:launch-search", {"q": "a\x00b"}, "search for 2 to 200 characters"),
+        ("nodes:launch-search", {"q": "a\x00b"}, "a search cannot hold a NUL character"),
+        (
+            "nodes:launch-search",
+            {"q": "ab", "after": "-1"},
+            "after is a whole number from 0 to 2,147,483,647",
+        ),  # fmt: skip
         ("nodes:launch-search", {"q": "ab", "level": "loud"}, "level is warning or error"),
         ("nodes:launch-lines", {"level": "info"}, "level is warning or error"),
         ("nodes:launch-lines", {"rank": "T" * 40}, "rank is a prefix such as TP3"),
@@ -117,12 +124,38 @@ def test_bad_viewer_input_is_a_clear_400(viewer_client, long_log, where, query, 
     assert answer.status_code == 400 and answer.json() == {"error": said}
 
 
-def test_numbers_that_are_not_sequence_numbers_read_the_last_lines(viewer_client, long_log):
-    # Found by a helper: digits Python's isdigit() takes and int() refuses were a 500.
-    for bad in ("?after=-5", "?before=abc", "?around=1e9", "?limit=0", "?after=²", "?around=٣",
-                "?before=99999999999"):  # fmt: skip
-        doc = _lines(viewer_client, long_log, bad)
-        assert doc["lines"][-1][0] == 10_000, bad
+@pytest.mark.parametrize(
+    ("query", "said"),
+    [
+        # Found by a helper: digits Python's isdigit() takes and int() refuses were a 500, and
+        # then were read as no number at all: the last lines came back for any of these.
+        *[
+            (bad, f"{bad[1:].split('=')[0]} is a whole number from 0 to 2,147,483,647")
+            for bad in (
+                "?after=-5",
+                "?before=abc",
+                "?around=1e9",
+                "?after=²",
+                "?around=٣",
+                "?before=99999999999",
+                "?after=2147483648",
+                "?after=",
+            )  # fmt: skip
+        ],
+        ("?limit=0", "limit is a whole number from 1 to 1,000"),
+        ("?limit=1001", "limit is a whole number from 1 to 1,000"),
+        ("?after=5&before=9", "give one of after, before and around"),
+    ],
+)
+def test_numbers_that_are_not_line_numbers_are_a_clear_400(viewer_client, long_log, query, said):
+    answer = viewer_client.get(reverse("nodes:launch-lines", args=[long_log.pk]) + query)
+    assert answer.status_code == 400 and answer.json() == {"error": said}
+
+
+def test_a_launch_the_reader_cannot_see_is_a_json_404(viewer_client, long_log):
+    for where in ("nodes:launch-lines", "nodes:launch-search"):
+        answer = viewer_client.get(reverse(where, args=[long_log.pk + 1]), {"q": "needle"})
+        assert answer.status_code == 404 and answer.json() == {"error": "No such launch."}
 
 
 def test_the_page_opens_with_the_last_thousand_lines_and_the_ranks(viewer_client, long_log):
@@ -176,3 +209,56 @@ def test_whoever_may_read_the_lines_may_follow_them_live(long_log, panel):
     assert seqs == list(range(1, 10_001)) and got[-1].name == "end"
     with pytest.raises(OSError, match="HTTP 403"):
         list(events(url, ""))
+
+
+def _ask(url: str, cookie: str, method: str = "GET", **headers: str) -> tuple[int, str]:
+    import http.client
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(url)
+    connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=10)
+    try:
+        path = parts.path + (f"?{parts.query}" if parts.query else "")
+        connection.request(method, path, headers={"Cookie": cookie, **headers})
+        answer = connection.getresponse()
+        return answer.status, answer.read(200).decode()
+    finally:
+        connection.close()
+
+
+def test_the_stream_takes_get_and_sequence_numbers_only(long_log, panel):
+    # Found by a helper: a HEAD held a stream open on the server that no client read, until
+    # the launch ended; a garbage Last-Event-ID replayed the whole log from line 1.
+    from tests.factories import make_user
+
+    cookie = panel.cookie_for(make_user("nora", None))
+    url = panel.url + reverse("nodes:launch-events", args=[long_log.pk])
+    assert _ask(url, cookie, "HEAD")[0] == 405
+    assert _ask(url, cookie, "OPTIONS") == (405, "This stream is read with GET.")
+    for garbage in ("abc", "-5", "99999999999999999999999", "１２"):
+        status, said = _ask(url, cookie, **{"Last-Event-ID": garbage.encode().decode("latin-1")})
+        assert (status, said) == (400, "Last-Event-ID is a whole number from 0 to 2,147,483,647")
+    assert _ask(url + "?after=x", cookie)[0] == 400
+
+
+def test_a_stream_ends_once_its_launch_is_hidden_from_the_reader(long_log, panel):
+    # Found by a helper: visibility was checked only when the stream opened, so a profile made
+    # team-only went on streaming to whoever had its page open.
+    import time
+
+    from nodes.models import Team
+    from nodes.views.launch_log import RECHECK_S
+    from tests.factories import make_user
+    from tests.sse import events
+
+    long_log.status, long_log.log_complete = LaunchStatus.READY, False
+    long_log.save()
+    url = panel.url + reverse("nodes:launch-events", args=[long_log.pk])
+    stream = events(url, panel.cookie_for(make_user("nora", None)))
+    assert next(stream).name == "lines"
+    profile = long_log.revision.profile
+    profile.team, profile.visibility = Team.objects.create(name="alpha"), "team"
+    profile.save()
+    hidden = time.monotonic()
+    rest = [e.name for e in stream]
+    assert "end" not in rest and time.monotonic() - hidden < RECHECK_S + 5
