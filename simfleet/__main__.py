@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
     link = command("link", "Take a node's network link down or up.")
     link.add_argument("name")
     link.add_argument("updown", choices=["up", "down"])
+    link.add_argument(
+        "--fabric", action="store_true", help="the node's port on the fleet's fabric (eth1)"
+    )
     command("rekey", "Give a node a new SSH host key.").add_argument("name")
     hold = command("hold", "A foreign process holds GPU memory until release.")
     hold.add_argument("name")
@@ -107,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "reboot":
             fleet.reboot(args.name)
         elif args.command == "link":
-            fleet.link(args.name, args.updown)
+            fleet.link(args.name, args.updown, fabric=args.fabric)
         elif args.command == "rekey":
             print(fleet.rekey(args.name))
         elif args.command == "hold":

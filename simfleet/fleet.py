@@ -28,6 +28,12 @@ from simfleet.spec import NodeSpec
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NODE_PYTHON = "/usr/bin/python3"
 FREEZER = "/sys/fs/cgroup/freezer"  # cgroup-v1 freezer: how the stuck-on-kill fault makes D state
+#: The nodes' own network, as a cluster's fabric between its nodes: one bridge in the fleet's
+#: switch namespace, each node's ``eth1`` on it at 172.30.0.(number + 1)/24. It is separate from
+#: the link each node has to this machine (SSH), so a node's fabric can fail while the panel
+#: still reaches it; each fleet's switch is its own, so two fleets' fabrics never meet.
+FABRIC_LINK = "eth1"
+FABRIC_NET = "172.30.0"
 
 
 class FleetError(RuntimeError):
@@ -106,6 +112,15 @@ class Fleet:
             spec=asdict(spec),
         )
 
+    @property
+    def switch_netns(self) -> str:
+        return f"sf-{self.fleet_id}-sw"
+
+    @staticmethod
+    def fabric_address(record: NodeRecord) -> str:
+        """The node's address on the fleet's fabric (``FABRIC_LINK``, a /24)."""
+        return f"{FABRIC_NET}.{record.number + 1}"
+
     def node_dir(self, name: str) -> str:
         return os.path.join(self.state_dir, "nodes", name)
 
@@ -146,7 +161,8 @@ class Fleet:
         return self.document()
 
     def document(self) -> dict[str, Any]:
-        """``{"nodes": [{name, host, port, user, key_path, host_key_fingerprint, models}]}``."""
+        """``{"nodes": [{name, host, port, user, key_path, host_key_fingerprint, fabric:
+        {interface, address}, models}]}``."""
         model_paths = {name: f"/srv/models/{name}" for name in models.MODELS}
         return {
             "nodes": [
@@ -157,6 +173,7 @@ class Fleet:
                     "user": "root",
                     "key_path": self.key_path,
                     "host_key_fingerprint": self.fingerprint(r.name),
+                    "fabric": {"interface": FABRIC_LINK, "address": self.fabric_address(r)},
                     "models": model_paths,
                 }
                 for r in self.records()
@@ -175,6 +192,7 @@ class Fleet:
             self._stop(record)
             _run("ip", "netns", "delete", record.netns, check=False)
             _run("ip", "link", "delete", record.host_link, check=False)
+        _run("ip", "netns", "delete", self.switch_netns, check=False)
 
     # --- one node --------------------------------------------------------------------------------
 
@@ -281,6 +299,31 @@ class Fleet:
             _run(*ns, "ip", "link", "set", "lo", "up")
             _run(*ns, "ip", "route", "add", "default", "via", record.host_address)
         _run("ip", "link", "set", record.host_link, "up")
+        self._fabric(record)
+
+    def _fabric(self, record: NodeRecord) -> None:
+        """The node's ``eth1`` on the fleet's switch (created with the first node)."""
+        switch = ("ip", "netns", "exec", self.switch_netns)
+        if _run("ip", "netns", "pids", self.switch_netns, check=False).returncode != 0:
+            _run("ip", "netns", "add", self.switch_netns)
+            _run(*switch, "ip", "link", "add", "fabric", "type", "bridge")
+            _run(*switch, "ip", "link", "set", "fabric", "up")
+        ns = ("ip", "netns", "exec", record.netns)
+        if _run(*ns, "ip", "link", "show", FABRIC_LINK, check=False).returncode == 0:
+            return
+        # Both ends are made on this machine under names unique to the fleet, then moved.
+        tag = f"{self.fleet_id}{record.number:02d}"
+        node_end, switch_end, port = f"sf{tag}a", f"sf{tag}b", f"p{record.number}"
+        _run("ip", "link", "delete", node_end, check=False)
+        _run("ip", "link", "add", node_end, "type", "veth", "peer", "name", switch_end)
+        _run("ip", "link", "set", node_end, "netns", record.netns)
+        _run("ip", "link", "set", switch_end, "netns", self.switch_netns)
+        _run(*ns, "ip", "link", "set", node_end, "name", FABRIC_LINK)
+        _run(*ns, "ip", "addr", "add", f"{self.fabric_address(record)}/24", "dev", FABRIC_LINK)
+        _run(*ns, "ip", "link", "set", FABRIC_LINK, "up")
+        _run(*switch, "ip", "link", "set", switch_end, "name", port)
+        _run(*switch, "ip", "link", "set", port, "master", "fabric")
+        _run(*switch, "ip", "link", "set", port, "up")
 
     def _freezer_name(self, record: NodeRecord) -> str:
         return f"simfleet-{self.fleet_id}-{record.number}"
@@ -324,10 +367,17 @@ class Fleet:
         self._start(record)
         self._wait_for_ssh(record)
 
-    def link(self, name: str, state: str) -> None:
+    def link(self, name: str, state: str, fabric: bool = False) -> None:
+        """The node's link to this machine (SSH) up or down; with ``fabric``, its port on the
+        fleet's fabric instead (the other nodes lose it; the panel still reaches it)."""
         if state not in ("up", "down"):
             raise FleetError("link state is up or down")
-        _run("ip", "link", "set", self.record(name).host_link, state)
+        record = self.record(name)
+        if fabric:
+            switch = ("ip", "netns", "exec", self.switch_netns)
+            _run(*switch, "ip", "link", "set", f"p{record.number}", state)
+        else:
+            _run("ip", "link", "set", record.host_link, state)
 
     def rekey(self, name: str) -> str:
         """Give the node a new host key (sshd reloads it); return the new fingerprint."""

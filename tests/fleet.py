@@ -40,6 +40,7 @@ class SimNode:
     user: str
     key_path: str
     host_key_fingerprint: str
+    fabric: dict[str, str]  # {"interface": "eth1", "address": …}: the nodes' own network
     models: dict[str, str]
     state: str
 

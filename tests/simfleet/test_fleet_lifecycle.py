@@ -6,7 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from tests.fleet import bring_up, simfleet
+from tests.fleet import bring_up, simfleet, wait_until
 
 
 def _leftovers(fleet_id: str, state: str) -> dict[str, list[str]]:
@@ -43,6 +43,20 @@ def test_down_leaves_no_process_namespace_mount_or_link(tmp_path):
     )
     assert [n["host"] for n in again["nodes"]] == [n.host for n in nodes.values()]
     nodes["a"].ok("setsid sleep 600 > /dev/null 2>&1 < /dev/null &")
+    # The nodes reach each other on their fabric (eth1), as a cluster's nodes do; with b's port
+    # on it down, a no longer reaches b there, and b still answers SSH on its own link.
+    assert again["nodes"][1]["fabric"] == {"interface": "eth1", "address": "172.30.0.2"}
+    nodes["b"].ok(
+        "setsid python3 -c \"import socket; s = socket.create_server(('172.30.0.2', 7001));"
+        ' [s.accept()[0].close() for _ in iter(int, 1)]" > /dev/null 2>&1 < /dev/null &'
+    )
+    reach = "python3 -c \"import socket; socket.create_connection(('172.30.0.2', 7001), 2)\""
+    assert wait_until(lambda: nodes["a"].run(reach)[0] == 0, 10)
+    simfleet("link", "b", "down", "--fabric", "--state", state)
+    assert nodes["a"].run(reach)[0] != 0
+    assert "eth1" in nodes["b"].ok("cat /proc/net/dev")
+    simfleet("link", "b", "up", "--fabric", "--state", state)
+    assert wait_until(lambda: nodes["a"].run(reach)[0] == 0, 10)
     fleet_id = json.loads(Path(state, "fleet.json").read_text())["fleet_id"]
     assert _leftovers(fleet_id, state)["netns"]
     simfleet("down", "--state", state)
