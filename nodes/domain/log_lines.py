@@ -26,7 +26,9 @@ _ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b(?:: |$)|"
     r"\bERROR\b|CUDA out of memory|\bOOM\b|NCCL (?:error|WARN)|\bKilled\b|"
     r"Segmentation fault|core dumped|SIGKILL|SIGSEGV|Health check failed|Scheduler hit an "
-    r"exception|Rank \d+ scheduler is dead|is dead|Aborted",
+    r"exception|Rank \d+ scheduler is dead|is dead|Aborted|crashed with exit code|"
+    # A traceback's frame (``  File "…", line N, in f``): part of the error it leads to.
+    r'^\s+File ".*", line \d+',
 )
 _WARNING = re.compile(r"\bWARN(?:ING)?\b|\bWarning\b|\bwarning:|\bUserWarning\b|deprecated")
 #: The scheduler's decode-batch line (``scheduler_metrics_mixin.log_decode_stats``); SGLang has
@@ -39,7 +41,7 @@ DECODE_BATCH = re.compile(r"\] Decode batch[.,] #running-req: ")
 _ERROR_MARKS = (
     *("Traceback", "Error", "Exception", "ERROR", "CUDA out of memory", "OOM", "NCCL"),
     *("Killed", "Segmentation fault", "core dumped", "SIGKILL", "SIGSEGV", "Health check"),
-    *("exception", "is dead", "Aborted"),
+    *("exception", "is dead", "Aborted", "crashed with exit code", 'File "'),
 )
 _WARNING_MARKS = ("WARN", "Warning", "warning:", "deprecated")
 

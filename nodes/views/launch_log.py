@@ -176,9 +176,28 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
             if previous < launch.last_seq:
                 yield f"[rankwise: lines {previous + 1}–{launch.last_seq} were not kept]\n"
 
-        response = StreamingHttpResponse(lines(), content_type="text/plain; charset=utf-8")
+        response = StreamingHttpResponse(_chunks(lines()), content_type="text/plain; charset=utf-8")
     response["Content-Disposition"] = f'attachment; filename="{name}"'
     return response
+
+
+#: A download goes out in pieces of about this many characters: one piece a line cost a trip
+#: through the server's event loop for each (4.8 s for 51,583 lines, 8.6 MB).
+CHUNK_CHARS = 256 * 1024
+
+
+def _chunks(pieces: Iterator[str]) -> Iterator[str]:
+    """``pieces`` joined into strings of about ``CHUNK_CHARS``, in order."""
+    held: list[str] = []
+    size = 0
+    for piece in pieces:
+        held.append(piece)
+        size += len(piece)
+        if size >= CHUNK_CHARS:
+            yield "".join(held)
+            held, size = [], 0
+    if held:
+        yield "".join(held)
 
 
 async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:

@@ -109,11 +109,16 @@
   }
   // A group is its summary followed by its lines, so counting needs no search: the window's
   // one group can hold thousands of lines and is labelled at every live append.
+  // The label says which lines the group holds: it counts the window's lines, not the log's.
   function label(details) {
     const n = details.childElementCount - 1;
+    const first = Number(details.firstElementChild.nextElementSibling.dataset.seq);
+    const latest = details.lastElementChild;
+    const end = Number(latest.dataset.seq);
+    const where = n === 1 ? `line ${end.toLocaleString()}` : `lines ${first.toLocaleString()}–${end.toLocaleString()}`;
     details.firstChild.textContent =
-      `${n} decode-batch line${n === 1 ? "" : "s"}, latest: ` +
-      details.lastElementChild.textContent.trim();
+      `${n.toLocaleString()} decode-batch line${n === 1 ? "" : "s"} (${where}), latest: ` +
+      latest.textContent.trim();
   }
   const isGroup = (node) => Boolean(node && node.classList && node.classList.contains("decode-group"));
   const isDecode = (node) => Boolean(node && (isGroup(node) || node.dataset.decode));
@@ -156,12 +161,30 @@
     label(g);
     return true;
   }
+  // A window with no lines says why, instead of an empty strip.
+  function empty() {
+    const note = log.querySelector(".log-empty");
+    if (count) {
+      if (note) note.remove();
+      return;
+    }
+    const filtered = $("log-level").value || $("log-rank").value;
+    const words = filtered ? "No lines match these filters." : live ? "No lines yet." : "The server printed no lines.";
+    if (note) note.textContent = words;
+    else {
+      const made = document.createElement("span");
+      made.className = "log-empty";
+      made.textContent = words;
+      log.append(made);
+    }
+  }
   function append(rows) {
     if (!rows.length) return;
     const made = nodes(rows);
     if (join(log.lastElementChild, made[0], true)) made.shift();
     log.append(...made);
     count += rows.length;
+    empty();
   }
   function prepend(rows) {
     if (!rows.length) return;
@@ -169,6 +192,7 @@
     if (join(log.firstElementChild, made[made.length - 1], false)) made.pop();
     log.prepend(...made);
     count += rows.length;
+    empty();
   }
   // Drop lines from one end until the window holds CAP.
   function trim(fromTop) {
@@ -202,21 +226,41 @@
     log.textContent = "";
     count = 0;
     append(rows);
+    empty();
     moreBefore = more.more_before;
     atTail = !more.more_after;
   }
-  // The button is written only when what it says changes: say() runs for every event.
+  // The button and the status are written only when what they say changes: say() runs for
+  // every event. The status is the stream's: connecting, following, paused, reconnecting…
   let said = null;
+  let stated = null;
+  let stream = "connecting"; // connecting | open | reconnecting | polling | ended
   function say() {
     let words = "";
-    if (following && atTail) words = "";
-    else if (!live) words = "Go to the end";
+    if (!live) words = atTail ? "" : "Go to the end"; // an ended log's end in the window: scroll
+    else if (following && atTail) words = "";
     else if (arrived) words = `Follow live (${arrived.toLocaleString()} new line${arrived === 1 ? "" : "s"})`;
     else words = "Follow live";
-    if (words === said) return;
-    said = words;
-    followButton.hidden = !words;
-    if (words) followButton.textContent = words;
+    if (words !== said) {
+      said = words;
+      followButton.hidden = !words;
+      if (words) followButton.textContent = words;
+    }
+    let state = "";
+    if (stream === "ended") state = "Log complete.";
+    else if (stream === "reconnecting") state = "Reconnecting…";
+    else if (stream !== "connecting" && !(following && atTail)) state = "Paused: new lines are counted on the button, not shown.";
+    else if (stream === "polling") state = "Following by polling.";
+    else if (stream === "open") state = "Following live.";
+    if (state !== stated) {
+      stated = state;
+      status.textContent = state;
+    }
+  }
+  // A note about what was asked (a read that failed, a line past the end): it stays until the
+  // stream's state changes.
+  function note(words) {
+    status.textContent = words;
   }
 
   // --- reading the stored log ------------------------------------------------------------------
@@ -245,7 +289,7 @@
     try {
       await work(() => mine === generation);
     } catch (error) {
-      status.textContent = `Could not read the log: ${error.message}`;
+      note(`Could not read the log: ${error.message}`);
     } finally {
       if (mine === generation) loading = false;
     }
@@ -270,6 +314,7 @@
       replace(doc.lines, doc);
       following = false;
       arrived = 0;
+      if (seq > doc.last_seq) note(`The log has ${doc.last_seq.toLocaleString()} lines: showing its end.`);
       const target = $(`line-${seq}`) ||
         [...log.querySelectorAll("span[data-seq]")].find((s) => Number(s.dataset.seq) >= seq);
       for (const old of log.querySelectorAll(".current")) old.classList.remove("current");
@@ -333,12 +378,53 @@
       say();
     });
   });
+  // A window that does not fill the box (one collapsed group, a few lines) never scrolls:
+  // wheel or keys upwards at its top read earlier lines and pause, as scrolling up does.
+  function pullEarlier() {
+    if (log.scrollTop > 0 || !moreBefore) return;
+    following = false;
+    earlier();
+    say();
+  }
+  log.addEventListener("wheel", (event) => { if (event.deltaY < 0) pullEarlier(); }, { passive: true });
+  log.addEventListener("keydown", (event) => {
+    if (["PageUp", "ArrowUp", "Home"].includes(event.key)) pullEarlier();
+  });
   followButton.addEventListener("click", toTail);
-  for (const id of ["log-level", "log-rank", "log-collapse"]) $(id).addEventListener("change", toTail);
+  // A filter changes what a search finds: an active search is asked again with it (and, when
+  // it finds nothing now, the window shows what the filter keeps).
+  let refiltered = false;
+  for (const id of ["log-level", "log-rank", "log-collapse"]) {
+    $(id).addEventListener("change", () => {
+      refiltered = Boolean(query);
+      if (refiltered) $("log-search").requestSubmit();
+      else toTail();
+    });
+  }
   $("log-goto").addEventListener("submit", (event) => {
     event.preventDefault();
     const seq = Number(new FormData(event.target).get("line"));
-    if (seq >= 1) jump(seq);
+    if (seq >= 1) {
+      current = -1;
+      showMatches();
+      jump(seq);
+    }
+  });
+  // An evidence link (#line-N) goes to its line, read from the stored log when not in view.
+  function lineOf(hash) {
+    const found = /^#line-(\d+)$/.exec(hash);
+    return found ? Number(found[1]) : 0;
+  }
+  document.addEventListener("click", (event) => {
+    const link = event.target.closest && event.target.closest('a[href^="#line-"]');
+    if (!link || !lineOf(link.getAttribute("href"))) return;
+    event.preventDefault();
+    history.replaceState(null, "", link.getAttribute("href"));
+    log.scrollIntoView({ block: "nearest" });
+    jump(lineOf(link.getAttribute("href")));
+  });
+  window.addEventListener("hashchange", () => {
+    if (lineOf(location.hash)) jump(lineOf(location.hash));
   });
 
   // --- search ----------------------------------------------------------------------------------
@@ -347,10 +433,10 @@
     query = String(new FormData(event.target).get("q") || "").trim();
     matches = [];
     current = -1;
-    if (!query) {
-      matchesLabel.textContent = "";
-      return toTail();
-    }
+    matchTotal = "";
+    for (const old of log.querySelectorAll(".current")) old.classList.remove("current");
+    showMatches();
+    if (!query) return toTail();
     const params = filters();
     params.set("q", query);
     let doc;
@@ -363,13 +449,22 @@
     matches = doc.matches.map((row) => row[0]);
     moreMatches = doc.more;
     matchTotal = doc.capped ? `${doc.count.toLocaleString()}+` : doc.count.toLocaleString();
-    matchesLabel.textContent = `${matchTotal} match${doc.count === 1 ? "" : "es"}`;
+    matchCount = doc.count;
+    showMatches();
     if (matches.length) step(1);
+    else if (refiltered) toTail();
     else for (const span of log.querySelectorAll("span[data-seq]")) fill(span, span.textContent.slice(0, -1));
+    refiltered = false;
   });
   // Matches come 200 at a time: stepping past the last one fetches the next ones.
   let moreMatches = false;
   let matchTotal = "";
+  let matchCount = 0;
+  function showMatches() {
+    if (!matchTotal) matchesLabel.textContent = "";
+    else if (current < 0) matchesLabel.textContent = `${matchTotal} match${matchCount === 1 ? "" : "es"}`;
+    else matchesLabel.textContent = `Match ${(current + 1).toLocaleString()} of ${matchTotal}: line ${matches[current].toLocaleString()}`;
+  }
   async function fetchMoreMatches() {
     const params = filters();
     params.set("q", query);
@@ -379,16 +474,18 @@
       matches = matches.concat(doc.matches.map((row) => row[0]));
       moreMatches = doc.more;
     } catch (error) {
-      status.textContent = `Search failed: ${error.message}`;
+      note(`Search failed: ${error.message}`);
       moreMatches = false;
     }
   }
   async function step(by) {
     if (!matches.length) return;
     if (by > 0 && current === matches.length - 1 && moreMatches) await fetchMoreMatches();
-    current = (current + by + matches.length) % matches.length;
+    // Back from the first match wraps to the last only when every match has been read.
+    if (by < 0 && current <= 0 && moreMatches) current = 0;
+    else current = (current + by + matches.length) % matches.length;
     matchesLabel.dataset.current = String(current + 1);
-    status.textContent = `Match ${current + 1} of ${matchTotal}: line ${matches[current].toLocaleString()}.`;
+    showMatches();
     jump(matches[current]);
   }
   $("log-next").addEventListener("click", () => step(1));
@@ -452,15 +549,25 @@
   }
   function ended() {
     // A banner about what was under way ("Stopping launch #N…") is done once the log ends.
-    for (const note of document.querySelectorAll(".message-transient")) note.remove();
-    status.textContent = "Log complete.";
+    for (const banner of document.querySelectorAll(".message-transient")) banner.remove();
+    stream = "ended";
     live = false;
+    empty();
     say();
   }
   function poll() {
     // Fallback when the stream cannot be kept open: read stored lines every second.
     polling = setInterval(async () => {
       const response = await fetch(`${log.dataset.lines}?after=${last}`);
+      if (response.status === 404) {
+        // Gone, or no longer shown to this reader (its profile was given to a team).
+        clearInterval(polling);
+        stream = "ended";
+        live = false;
+        say();
+        note("This launch is no longer shown to you: reload the page.");
+        return;
+      }
       if (!response.ok) return;
       const doc = await response.json();
       received(doc.lines);
@@ -479,7 +586,10 @@
   );
   log.scrollTop = log.scrollHeight;
   say();
+  if (lineOf(location.hash)) jump(lineOf(location.hash));
   if (!window.EventSource) {
+    stream = "polling";
+    say();
     poll();
     return;
   }
@@ -495,15 +605,18 @@
     ended();
   });
   source.onopen = () => {
-    status.textContent = "Following live.";
+    stream = "open";
+    say();
   };
   source.onerror = () => {
     failures += 1;
-    status.textContent = "Reconnecting…";
-    if (failures >= 5) {
+    stream = "reconnecting";
+    // A stream refused (not 200) is not retried by the browser: read by polling, which says why.
+    if (failures >= 5 || source.readyState === EventSource.CLOSED) {
       source.close();
-      status.textContent = "Following by polling.";
+      stream = "polling";
       poll();
     }
+    say();
   };
 })();

@@ -69,7 +69,8 @@ def test_a_long_stored_log_is_read_in_windows_searched_and_jumped_through(
     assert _seqs(page) == (19_001, 20_000)
     # Decode-batch lines come as counted groups with the latest one in view.
     summary = page.locator("#launch-log details.decode-group > summary").last
-    expect(summary).to_contain_text("4 decode-batch lines, latest: ")
+    # The label says which lines it holds: the window's, not the whole log's.
+    expect(summary).to_contain_text("4 decode-batch lines (lines 19,993–19,996), latest: ")
     expect(summary).to_contain_text("#token: 19996")
     # Scrolling to the top reads earlier lines, and the window stays bounded.
     for _ in range(6):
@@ -82,11 +83,39 @@ def test_a_long_stored_log_is_read_in_windows_searched_and_jumped_through(
     # Search the whole log: ten matches, the first shown and marked.
     page.get_by_label("Search the whole log").fill("needle")
     page.get_by_role("button", name="Search", exact=True).click()
-    expect(page.locator("#log-matches")).to_have_text("10 matches")
+    # The first search's answer has been seen to take 4–5 s to reach this browser on a loaded
+    # 2-core machine while the same request from the page's script took 30 ms: not a wait to
+    # assert on here (benchmarks/logviewer.py measures search).
+    expect(page.locator("#log-matches")).to_have_text("Match 1 of 10: line 2,000", timeout=15_000)
     expect(page.locator("#line-2000 mark")).to_have_text("needle")
     page.get_by_role("button", name="Next match").click()
     expect(page.locator("#line-4000.current")).to_be_attached()
     assert _count(page) <= CAP
+    # Back from the first match goes to the last one (every match read), and a search that
+    # finds nothing forgets the one before.
+    page.get_by_role("button", name="Previous match").click()
+    page.get_by_role("button", name="Previous match").click()
+    expect(page.locator("#log-matches")).to_have_text("Match 10 of 10: line 20,000")
+    page.get_by_label("Search the whole log").fill("no such words")
+    page.get_by_role("button", name="Search", exact=True).click()
+    expect(page.locator("#log-matches")).to_have_text("0 matches")
+    expect(page.locator("#launch-log .current")).to_have_count(0)
+    # Found by a new user: a link to a line not in the window (a diagnosis's evidence) did
+    # nothing; it reads the line from the stored log, as the page's address does on opening.
+    page.evaluate(
+        "document.querySelector('.log-viewer h2').insertAdjacentHTML('afterend',"
+        ' \'<a id="to-7" href="#line-7">line 7</a>\')'
+    )
+    page.locator("#to-7").click()
+    expect(page.locator("#line-7.current")).to_be_in_viewport()
+    page.goto(f"{panel.url}{reverse('nodes:launch-detail', args=[launch.pk])}#line-9")
+    expect(page.locator("#line-9.current")).to_be_attached()
+    page.get_by_label("Go to line").fill("999999")
+    page.get_by_role("button", name="Go to line").click()
+    expect(page.locator("#log-status")).to_have_text("The log has 20,000 lines: showing its end.")
+    page.get_by_label("Search the whole log").fill("needle")
+    page.get_by_role("button", name="Search", exact=True).click()
+    expect(page.locator("#log-matches")).to_have_text("Match 1 of 10: line 2,000")
     # Jump to a line far from any match.
     page.get_by_label("Go to line").fill("12345")
     page.get_by_role("button", name="Go to line").click()
@@ -95,8 +124,12 @@ def test_a_long_stored_log_is_read_in_windows_searched_and_jumped_through(
     page.get_by_label("Show").select_option("error")
     page.wait_for_function(f"{LINES}.length === 10")
     assert _seqs(page) == (2000, 20_000)
-    # A filter shows the end of what it keeps.
+    # A filter shows the end of what it keeps, and the search is asked again with it.
     expect(page.get_by_role("button", name="Go to the end")).to_be_hidden()
+    expect(page.locator("#log-matches")).to_have_text("Match 1 of 10: line 2,000")
+    # A filter that keeps nothing says so.
+    page.get_by_label("Show").select_option("evidence")
+    expect(page.locator("#launch-log")).to_have_text("No lines match these filters.")
 
 
 def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scrolled_up(
@@ -120,16 +153,28 @@ def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scroll
     # The chatter is decode-batch lines: one counted group, the latest in its summary.
     summary = page.locator("#launch-log details.decode-group > summary")
     expect(summary).to_have_count(1)
-    expect(summary).to_contain_text("decode-batch lines, latest: ")
+    expect(summary).to_contain_text("decode-batch lines (lines ")
     # After the window dropped its oldest lines, the group still counts what it holds and shows
     # its newest line (read in one go: the page appends between two reads).
-    held_lines, said, newest = page.evaluate(
+    held_lines, said, first, last, newest = page.evaluate(
         "(() => { const g = document.querySelector('#launch-log details.decode-group');"
         " const s = g.querySelectorAll('span[data-seq]');"
-        " return [s.length, g.firstChild.textContent, s[s.length - 1].textContent.trim()]; })()"
+        " return [s.length, g.firstChild.textContent, +s[0].dataset.seq,"
+        " +s[s.length - 1].dataset.seq, s[s.length - 1].textContent.trim()]; })()"
     )
     assert held_lines > 2000
-    assert said == f"{held_lines} decode-batch lines, latest: {newest}"
+    assert said == (
+        f"{held_lines:,} decode-batch lines (lines {first:,}–{last:,}), latest: {newest}"
+    )
+    # The one collapsed group does not fill the box, so nothing scrolls: PageUp (or the wheel
+    # upwards) at its top reads earlier lines and pauses (found by a new user: it did nothing).
+    page.locator("#launch-log").focus()
+    page.keyboard.press("PageUp")
+    expect(page.get_by_role("button", name="Follow live")).to_be_visible()
+    expect(page.locator("#log-status")).to_have_text(
+        "Paused: new lines are counted on the button, not shown."
+    )
+    page.wait_for_function(f"(n) => +{LINES}[0].dataset.seq < n", arg=first)
     page.get_by_label("Group decode-batch lines").uncheck()
     page.wait_for_function(f"{LINES}.length > 500 && !document.querySelector('.decode-group')")
     page.evaluate(

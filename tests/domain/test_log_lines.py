@@ -20,6 +20,19 @@ from nodes.domain.log_lines import ERROR, INFO, WARNING, is_decode_batch, level_
             "[2026-01-01 00:06:00] Rank 0 scheduler is dead. Please check the relevant logs.",
             ERROR,
         ),
+        # Found by a new user: a rank killed under a running server, and a traceback's frames,
+        # were information, so "errors" showed neither.
+        (
+            "[2026-01-01 00:06:00] Subprocess scheduler (pid=246) crashed with exit code -9. "
+            "Triggering SIGQUIT for cleanup...",
+            ERROR,
+        ),
+        (
+            '  File "/usr/lib/python3/dist-packages/sglang/srt/managers/scheduler.py", line 2750,'
+            " in run_scheduler_process",
+            ERROR,
+        ),  # fmt: skip
+        ('[2026-01-01 00:05:10 TP0] Loading File "a.safetensors", line 3 of 9', INFO),
         ("/usr/lib/python3/site.py:12: UserWarning: TypedStorage is deprecated.", WARNING),
         ("[2026-01-01 00:05:12 TP0] WARNING: the server runs with --disable-cuda-graph", WARNING),
         ("[2026-01-01 00:05:12 TP0] Decode batch, #running-req: 30, #token: 9000", INFO),
