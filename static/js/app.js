@@ -162,21 +162,21 @@
     return true;
   }
   // A window with no lines says why, instead of an empty strip.
+  let emptyNote = null; // kept, not searched for: empty() runs at every live append
   function empty() {
-    const note = log.querySelector(".log-empty");
     if (count) {
-      if (note) note.remove();
+      if (emptyNote) emptyNote.remove();
+      emptyNote = null;
       return;
     }
     const filtered = $("log-level").value || $("log-rank").value;
     const words = filtered ? "No lines match these filters." : live ? "No lines yet." : "The server printed no lines.";
-    if (note) note.textContent = words;
-    else {
-      const made = document.createElement("span");
-      made.className = "log-empty";
-      made.textContent = words;
-      log.append(made);
+    if (!emptyNote) {
+      emptyNote = document.createElement("span");
+      emptyNote.className = "log-empty";
     }
+    emptyNote.textContent = words;
+    if (!emptyNote.isConnected) log.append(emptyNote);
   }
   function append(rows) {
     if (!rows.length) return;
