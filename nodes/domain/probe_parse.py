@@ -8,6 +8,8 @@ in kB (1024 bytes, proc(5)). Everything here returns integer bytes.
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import json
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -65,6 +67,9 @@ class NodeFacts:
     # Launch ids with a process left on the node (their host memory may still be pinned);
     # None when the probe did not say.
     live_launches: tuple[int, ...] | None = None
+    # The node's addresses, ``(interface, "address/prefix")`` (``ip -j addr``, link-local left
+    # out): where a multi-node launch's nodes meet.
+    interfaces: tuple[tuple[str, str], ...] = ()
 
     @property
     def gpus_detected(self) -> bool:
@@ -77,6 +82,7 @@ class NodeFacts:
         doc["problems"] = list(self.problems)
         doc["notes"] = list(self.notes)
         doc["live_launches"] = list(self.live_launches) if self.live_launches is not None else None
+        doc["interfaces"] = [list(i) for i in self.interfaces]
         return doc
 
 
@@ -93,7 +99,7 @@ def facts_from_json(doc: dict[str, Any]) -> NodeFacts:
         )
         for g in doc["gpus"]
     )
-    skip = ("gpus", "problems", "notes", "live_launches")
+    skip = ("gpus", "problems", "notes", "live_launches", "interfaces")
     rest = {k: v for k, v in doc.items() if k not in skip}
     live = doc.get("live_launches")
     return NodeFacts(
@@ -101,6 +107,7 @@ def facts_from_json(doc: dict[str, Any]) -> NodeFacts:
         problems=tuple(doc["problems"]),
         notes=tuple(doc.get("notes", ())),
         live_launches=tuple(live) if isinstance(live, list) else None,
+        interfaces=tuple((str(n), str(a)) for n, a in doc.get("interfaces") or ()),
         **rest,
     )
 
@@ -159,7 +166,19 @@ def parse_probe(text: str) -> NodeFacts:
         problems=tuple(problems),
         notes=tuple(notes),
         live_launches=_live_launches(doc.get("live_launches")),
+        interfaces=_interfaces(doc.get("interfaces")),
     )
+
+
+def _interfaces(value: Any) -> tuple[tuple[str, str], ...]:
+    """The probe's ``[[name, "address/prefix"], …]``, keeping only pairs that parse."""
+    found = []
+    for pair in value if isinstance(value, list) else []:
+        if isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair):
+            with contextlib.suppress(ValueError):
+                ipaddress.ip_interface(pair[1])
+                found.append((pair[0], pair[1]))
+    return tuple(found)
 
 
 def _live_launches(value: Any) -> tuple[int, ...] | None:

@@ -404,6 +404,27 @@ def os_release() -> str:
     return platform.system()
 
 
+def interfaces() -> list[list[str]]:
+    """The node's addresses as ``[interface, address/prefix]`` pairs (IPv4 and IPv6, link-local
+    ones left out: no other node reaches them), from iproute2's ``ip -j addr``; ``[]`` without
+    it. What a multi-node launch meets on (``domain.node_group.meeting``)."""
+    try:
+        out = subprocess.run(
+            ["ip", "-j", "addr", "show"], capture_output=True, text=True, timeout=5, check=False
+        )
+        links = json.loads(out.stdout or "[]")
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return []
+    found = []
+    for link in links if isinstance(links, list) else []:
+        for addr in link.get("addr_info") or []:
+            if addr.get("family") in ("inet", "inet6") and addr.get("scope") != "link":
+                found.append(
+                    [str(link.get("ifname")), f"{addr.get('local')}/{addr.get('prefixlen')}"]
+                )
+    return found
+
+
 def probe(args: list[str]) -> dict[str, Any]:
     live = "--live" in args
     args = [a for a in args if a != "--live"]
@@ -432,6 +453,7 @@ def probe(args: list[str]) -> dict[str, Any]:
         doc["cpu_count"] = os.cpu_count()
         doc["os"] = os_release()
         doc["kernel"] = platform.release()
+        doc["interfaces"] = interfaces()
         doc["sglang_version"], errors["sglang"] = sglang(args[0] if args else "python3")
     return doc
 

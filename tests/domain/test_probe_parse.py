@@ -182,3 +182,20 @@ def test_node_status(kwargs, expected):
 
 def test_empty_facts_are_not_detected():
     assert not NodeFacts().gpus_detected
+
+
+def test_the_nodes_addresses_are_read_for_a_multi_node_launch_and_kept():
+    # The probe's ``ip -j addr`` pairs (issue 22): what node_group.meeting chooses from.
+    pairs = [["lo", "127.0.0.1/8"], ["eth1", "172.30.0.2/24"], ["ib0", "fd00::2/64"]]
+    junk = [["eth2"], ["eth3", "not an address"], "eth4", ["eth5", 7]]
+    facts = parse_probe(probe_doc(interfaces=pairs + junk))
+    assert facts.interfaces == (
+        ("lo", "127.0.0.1/8"),
+        ("eth1", "172.30.0.2/24"),
+        ("ib0", "fd00::2/64"),
+    )
+    assert facts_from_json(json.loads(json.dumps(facts.to_json()))) == facts
+    assert parse_probe(probe_doc()).interfaces == ()  # an older agent said nothing
+    stored = facts.to_json()
+    del stored["interfaces"]  # facts stored before the field existed
+    assert facts_from_json(stored).interfaces == ()

@@ -37,6 +37,9 @@ def test_discovery_through_the_worker_fills_the_inventory(sim_fleet, celery_work
     assert node.mem_available_bytes < node.host_ram_bytes
     assert node.sglang_version == "0.5.9"
     assert node.facts["cpu_count"] >= 1 and node.facts["shm_bytes"] == 64 * GiB
+    # Its addresses, for a multi-node launch: its own network's (eth1) among them.
+    fabric = sim_fleet["incident"].fabric
+    assert [fabric["interface"], f"{fabric['address']}/24"] in node.facts["interfaces"]
 
 
 def test_nvml_missing_falls_back_to_nvidia_smi_and_says_so(sim_fleet):

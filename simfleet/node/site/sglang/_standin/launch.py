@@ -33,6 +33,17 @@ class Launch:
     leak: bool
     rank_pids: list[int] = field(default_factory=list)
     handles: list[Any] = field(default_factory=list)  # device files a rank keeps open
+    # A multi-node launch: this node's --node-rank, the global TP rank of its first local rank,
+    # the store's HOST:PORT (--dist-init-addr) and torch's timeout for it (--dist-timeout, s).
+    node_rank: int = 0
+    first_rank: int = 0
+    dist_init_addr: str = ""
+    dist_timeout: float = 600.0
+    client: Any = None  # this rank's connection to the store (store.Client)
+
+    @property
+    def world(self) -> int:
+        return self.tp * self.pp
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds / self.speed)
@@ -59,6 +70,8 @@ class Launch:
             signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _exchange(self, phase: str, rank: int, value: float, patience: float | None) -> list[float]:
+        if self.client is not None:
+            return self._exchange_over_store(phase, rank, value, patience)
         target = os.path.join(self.barrier_dir, f"{phase}.{rank}")
         with open(target + ".tmp", "w") as handle:
             json.dump(value, handle)
@@ -74,6 +87,20 @@ class Launch:
                     break
             if len(values) == self.ranks:
                 return values
+            if patience is not None and time.monotonic() - started > patience / self.speed:
+                raise TimeoutError(phase)
+            time.sleep(0.02)
+
+    def _exchange_over_store(
+        self, phase: str, rank: int, value: float, patience: float | None
+    ) -> list[float]:
+        """The exchange of a multi-node launch: every rank of every node, by global rank."""
+        self.client.ask({"set": f"{phase}.{self.first_rank + rank}", "value": value})
+        started = time.monotonic()
+        while True:
+            values = self.client.ask({"phase": phase, "n": self.world})
+            if values is not None:
+                return [float(v) for v in values]
             if patience is not None and time.monotonic() - started > patience / self.speed:
                 raise TimeoutError(phase)
             time.sleep(0.02)

@@ -11,7 +11,7 @@ import time
 
 from simnode import gpus, state
 
-from sglang._standin import memory
+from sglang._standin import memory, store
 from sglang._standin.launch import Launch
 from sglang._standin.log import Log
 
@@ -44,7 +44,9 @@ class SchedulerException(Exception):
 
 
 def title_for(launch: Launch, rank: int) -> str:
-    return "sglang::scheduler" + (f"_TP{rank}" if launch.tp > 1 else "")
+    """The title of local rank ``rank``: named by its global TP rank (node R of a multi-node
+    launch runs TP ranks R × per … R × per + per − 1)."""
+    return "sglang::scheduler" + (f"_TP{launch.first_rank + rank}" if launch.tp > 1 else "")
 
 
 def run(launch: Launch, rank: int, pipe_fd: int) -> None:
@@ -55,7 +57,7 @@ def run(launch: Launch, rank: int, pipe_fd: int) -> None:
     signal.signal(signal.SIGUSR1, lambda *_: _stick_or_die())
     title = title_for(launch, rank)
     state.set_title(title)
-    log = Log(f"TP{rank}" if launch.tp > 1 else "")
+    log = Log(f"TP{launch.first_rank + rank}" if launch.tp > 1 else "")
     signal.signal(signal.SIGTERM, lambda *_: _exit_cleanly())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
@@ -68,6 +70,22 @@ def run(launch: Launch, rank: int, pipe_fd: int) -> None:
     os.write(pipe_fd, (json.dumps(ready) + "\n").encode())
     while True:
         time.sleep(3600)
+
+
+def _rendezvous(launch: Launch, rank: int, log: Log) -> None:
+    """Meet the other nodes' ranks in torch's store at ``--dist-init-addr``: global rank 0
+    serves it and waits for all of them; every rank connects (simfleet/multinode-sources.md)."""
+    shown = launch.dist_timeout
+    timeout = shown / launch.speed
+    try:
+        host, port = store.split_address(launch.dist_init_addr)
+        server = store.Server(port) if launch.first_rank + rank == 0 else None
+        launch.client = store.Client(host, port, timeout, shown, lambda line: log.raw(line + "\n"))
+        launch.client.ask({"join": launch.first_rank + rank})
+        if server is not None:
+            server.wait_for_workers(launch.world, timeout, shown)
+    except store.StoreError as exc:
+        raise SchedulerException(exc.kind, str(exc), "distributed/parallel_state.py") from None
 
 
 def _stick_or_die() -> None:
@@ -98,6 +116,8 @@ def _start(launch: Launch, rank: int, log: Log, title: str) -> dict[str, object]
 
     # 1. Distributed init, then the free memory before weights: the MIN over ranks (GiB).
     log("Init torch distributed begin.")
+    if launch.nnodes > 1:
+        _rendezvous(launch, rank, log)
     launch.sleep(0.2)
     taken = CONTEXT_BYTES
     if launch.tp * launch.pp > 1:

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, NoReturn
 
 from simnode import state
@@ -35,7 +36,9 @@ def main() -> None:
     signal.signal(signal.SIGQUIT, _on_sigquit)
     signal.signal(signal.SIGTERM, _on_sigterm)
     signal.signal(signal.SIGINT, _on_sigterm)
-    _CHILDREN.append(_spawn_detokenizer())
+    if launch.node_rank == 0:
+        # Nodes of rank ≥ 1 run no tokenizer or detokenizer (engine.py @0.5.9 :1040).
+        _CHILDREN.append(_spawn_detokenizer())
     pipes = []
     for rank in range(launch.ranks):
         read_fd, write_fd = os.pipe()
@@ -48,7 +51,42 @@ def main() -> None:
         _CHILDREN.append(pid)
         pipes.append(read_fd)
     ready = _wait_for_ranks(launch, pipes)
+    if launch.node_rank > 0:
+        _serve_dummy_health(launch)
+        return
     http.serve(launch, ready, log, on_crash=_crash)
+
+
+def _serve_dummy_health(launch: Launch) -> None:
+    """A node of rank ≥ 1 once its ranks are ready: a /health that always answers 200, then
+    waiting on its ranks (engine.py @0.5.9 :1040-1060, utils/common.py :2656-2712)."""
+    host = str(launch.flag("host", default="127.0.0.1"))
+    port = int(launch.flag("port", default=30000))
+    paths = {"/health", "/health_generate"} | ({"/ping"} if launch.version >= (0, 5, 9) else set())
+
+    class Dummy(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200 if self.path.split("?")[0] in paths else 404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    try:
+        server = ThreadingHTTPServer((host, port), Dummy)
+    except OSError as exc:
+        log(f"Dummy health check server failed to start: {exc}")
+    else:
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        if launch.version <= (0, 5, 2):
+            log(f"Starting dummy health check server at {host}:{port}")
+        else:
+            log(f"Dummy health check server started in background thread at {host}:{port}")
+    for pid in launch.rank_pids:
+        code = _exit_code(pid)
+        log(f"Scheduler or DataParallelController {pid} terminated with {code}")
 
 
 _CHILDREN: list[int] = []
@@ -90,6 +128,14 @@ def _prepare(ns: Any, version: tuple[int, ...]) -> Launch:
             f"size ({tp}).",
         )
     ranks = tp * pp // nnodes
+    node_rank = int(flags.get(ns, "node_rank", default=0))
+    # engine.py @0.5.9 :925-946: the TP ranks of this node.
+    per_group = max(nnodes // pp, 1)
+    first_rank = (tp // per_group) * (node_rank % per_group)
+    address = str(flags.get(ns, "dist_init_addr", default="") or "")
+    if nnodes > 1 and not address:
+        # Without it torch meets at tcp://127.0.0.1:<nccl port>: each node waits for itself.
+        address = f"127.0.0.1:{int(flags.get(ns, 'nccl_port', default=0) or 29500)}"
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     physical = list(range(len(state.config()["gpus"])))
     if visible is not None:
@@ -114,6 +160,10 @@ def _prepare(ns: Any, version: tuple[int, ...]) -> Launch:
         pp=pp,
         nnodes=nnodes,
         ranks=ranks,
+        node_rank=node_rank,
+        first_rank=first_rank,
+        dist_init_addr=address,
+        dist_timeout=float(flags.get(ns, "dist_timeout", default=None) or 600),
         gpu_ids=[physical[d] for d in device_ids],
         device_ids=device_ids,
         barrier_dir=tempfile.mkdtemp(prefix="sglang-standin-"),
