@@ -21,6 +21,14 @@ class Launch(models.Model):
 
     revision = models.ForeignKey(ProfileRevision, on_delete=models.PROTECT, related_name="launches")
     node = models.ForeignKey(Node, on_delete=models.PROTECT, related_name="launches")
+    # One server over several nodes (``--nnodes N``): node 0's launch is the group's (``group``
+    # empty, the one operators see, stop and read the log of); each other node's part is a
+    # launch of its own with ``group`` pointing at it and its ``node_rank`` (1 … N − 1). Each part
+    # holds its node's GPUs, ports and commitment, and is followed on its node.
+    group = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="parts"
+    )
+    node_rank = models.PositiveSmallIntegerField(default=0)
     gpus = models.JSONField(default=list, help_text="GPU indexes on the node, in rank order.")
     port = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=LaunchStatus, default=LaunchStatus.PENDING)
@@ -115,7 +123,8 @@ class Launch(models.Model):
 class LaunchLogLine(models.Model):
     """One line of a launch's server log, cleaned and with secrets masked; ``seq`` counts from 1.
     ``level`` (0 information, 1 warning, 2 error) and ``rank`` (``"TP3"``, ``"DP1 TP3"`` or
-    ``""``) are read from the text when stored (``domain.log_lines``), for the viewer's filters."""
+    ``""``) are read from the text when stored (``domain.log_lines``), for the viewer's filters;
+    ``node`` names the node in a multi-node launch, whose nodes' lines share one log."""
 
     launch = models.ForeignKey(Launch, on_delete=models.CASCADE, related_name="lines")
     seq = models.PositiveIntegerField()
@@ -123,6 +132,8 @@ class LaunchLogLine(models.Model):
     time = models.DateTimeField(auto_now_add=True)
     level = models.PositiveSmallIntegerField(default=0)
     rank = models.CharField(max_length=32, blank=True, default="")
+    # The node that printed it, in a multi-node launch's one log (``""`` on one node).
+    node = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["launch", "seq"]
