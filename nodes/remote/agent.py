@@ -37,6 +37,12 @@ Commands:
                            at most WAIT s (a process in D state is reported, not waited on)
   reap WAIT PID…           SIGCHLD the parents of defunct PIDs; what is still defunct
   reset INDEX              ``nvidia-smi --gpu-reset -i INDEX``: its exit status and exact words
+  listen PORT SECONDS      bind a TCP listener on PORT (``0.0.0.0``, and ``::`` where IPv6 is
+                           there), answer, then accept and close connections for SECONDS
+                           (1..120) in a detached process: what another node's ``reach`` meets
+  reach HOST PORT TIMEOUT  one TCP connect to HOST:PORT (an IPv4 or IPv6 address or a name)
+                           within TIMEOUT s (0.1..60): reached or the OSError's words, and
+                           how long it took
 
 A launch's folder DIR (``~/.rankwise/launches/<id>-<token>``) holds what the panel needs to
 re-adopt it after a restart of its own: ``command`` and ``env`` (secrets masked),
@@ -56,7 +62,9 @@ import os
 import platform
 import pwd
 import re
+import select
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -962,6 +970,121 @@ def reset(index: str) -> dict[str, Any]:
     return {"command": command, "exit_status": done.returncode, "output": output}
 
 
+# --- the nodes' network ---------------------------------------------------------------------
+
+
+def _port(text: str) -> int:
+    """A TCP port number from the command line; exits with the reason when it is none."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise SystemExit(f"not a port number: {text!r}") from None
+    if not 1 <= port <= 65535:
+        raise SystemExit(f"port {port} is outside 1..65535")
+    return port
+
+
+def _seconds(text: str, low: float, high: float, what: str) -> float:
+    """A number of seconds from the command line, bounded to ``low..high``; exits with the
+    reason when it is no number."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise SystemExit(f"{what} must be a number of seconds, not {text!r}") from None
+    if value != value:  # NaN
+        raise SystemExit(f"{what} must be a number of seconds, not {text!r}")
+    return min(max(value, low), high)
+
+
+def _args(args: list[str], names: str) -> list[str]:
+    if len(args) != len(names.split()):
+        raise SystemExit(f"expected {names}, got {len(args)} argument(s)")
+    return args
+
+
+def _bind(family: int, address: str, port: int) -> socket.socket:
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        sock.bind((address, port))
+        sock.listen(64)
+        sock.setblocking(False)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
+def listen(args: list[str]) -> dict[str, Any]:
+    """Bind PORT on 0.0.0.0 (and :: where IPv6 is there), then leave a detached process
+    accepting and closing connections for SECONDS; answers once the listener is bound."""
+    port_text, seconds_text = _args(args, "PORT SECONDS")
+    port, seconds = _port(port_text), _seconds(seconds_text, 1, 120, "SECONDS")
+    try:
+        sockets = [_bind(socket.AF_INET, "0.0.0.0", port)]
+    except OSError as exc:
+        return {"listening": False, "port": port, "error": exc.strerror or str(exc)}
+    if socket.has_ipv6:
+        with contextlib.suppress(OSError):  # no IPv6 on the node, or :: alone is taken
+            sockets.append(_bind(socket.AF_INET6, "::", port))
+    read_fd, write_fd = os.pipe()
+    if os.fork() == 0:
+        os.close(read_fd)
+        try:
+            _serve(sockets, time.monotonic() + seconds, write_fd)
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    for sock in sockets:
+        sock.close()
+    with os.fdopen(read_fd) as handle:
+        handle.read()  # EOF once the listener is in its own session, off the SSH channel
+    return {"listening": True, "port": port}
+
+
+def _serve(sockets: list[socket.socket], deadline: float, ready: int) -> None:
+    """The detached listener: its own session, no stdio (so the SSH command ends now), accept
+    and close until ``deadline`` (monotonic)."""
+    os.setsid()
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(ready)
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        try:
+            readable = select.select(sockets, [], [], left)[0]
+        except InterruptedError:
+            continue
+        for sock in readable:
+            with contextlib.suppress(OSError):  # gone before it was taken, or would block
+                sock.accept()[0].close()
+
+
+def reach(args: list[str]) -> dict[str, Any]:
+    """One TCP connect from this node to HOST:PORT (the first address HOST resolves to) within
+    TIMEOUT s: reached, or the OSError's words; elapsed seconds either way."""
+    host, port_text, timeout_text = _args(args, "HOST PORT TIMEOUT")
+    port, timeout = _port(port_text), _seconds(timeout_text, 0.1, 60, "TIMEOUT")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    began = time.monotonic()
+    error = None
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind, proto) as sock:
+            sock.settimeout(timeout)
+            sock.connect(address)
+    except OSError as exc:  # socket.timeout and socket.gaierror included
+        error = str(exc) or type(exc).__name__
+    elapsed = round(time.monotonic() - began, 3)
+    return {"reached": error is None, "error": error, "elapsed_s": elapsed}
+
+
 # --- entry point ----------------------------------------------------------------------------
 
 
@@ -983,6 +1106,8 @@ COMMANDS: dict[str, Callable[[list[str]], Any]] = {
     "signal": lambda a: send(a[0], float(a[1]), a[2:]),
     "reap": lambda a: reap(float(a[0]), [int(x) for x in a[1:]]),
     "reset": lambda a: reset(a[0]),
+    "listen": listen,
+    "reach": reach,
 }
 
 

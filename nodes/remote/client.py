@@ -178,6 +178,29 @@ class GpuReset:
     output: str
 
 
+@dataclass(frozen=True)
+class Listening:
+    """After ``listen``: whether the node bound a TCP listener on ``port`` (on 0.0.0.0, and on
+    :: where the node has IPv6); it accepts and closes connections, detached, for the seconds
+    asked. ``error`` is the bind's OSError words (``Address already in use``) when it did not."""
+
+    listening: bool
+    port: int
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Reached:
+    """After ``reach``: whether one TCP connect from the node to the host and port asked about
+    succeeded; ``error`` the OSError's words when not (``timed out``, ``[Errno 111] Connection
+    refused``, ``[Errno 113] No route to host``, a name that does not resolve); ``elapsed_s``
+    the seconds the attempt took (resolving the name included)."""
+
+    reached: bool
+    error: str | None
+    elapsed_s: float
+
+
 def _masked(doc: Any) -> Any:
     """``doc`` with the secrets a process's command line spells out masked (``--api-key …``,
     ``PASSWORD=…``, URL passwords): command lines of every process on a node (another user's
@@ -353,6 +376,21 @@ def reap(conn: ssh.Connection, wait: float, pids: list[int]) -> Reaped:
 def reset(conn: ssh.Connection, index: int) -> GpuReset:
     """``nvidia-smi --gpu-reset -i index`` on the node."""
     return _call(conn, GpuReset, "reset", str(index), timeout=180)
+
+
+def listen(conn: ssh.Connection, port: int, seconds: float) -> Listening:
+    """Have the node listen on TCP ``port`` for ``seconds`` (bounded to 1..120 by the agent),
+    so that other nodes can ``reach`` it; returns once the listener is bound (or could not
+    be), the listener itself detached from the SSH command. Raises ``ssh.RemoteError``."""
+    return _call(conn, Listening, "listen", str(port), f"{seconds:g}", timeout=30)
+
+
+def reach(conn: ssh.Connection, host: str, port: int, timeout: float) -> Reached:
+    """Whether the node reaches ``host:port`` (an IPv4 or IPv6 address or a name, resolved on
+    the node) in one TCP connect within ``timeout`` s (bounded to 0.1..60 by the agent). Raises
+    ``ssh.RemoteError``."""
+    # The agent answers within 60 s and the name's resolution: the SSH command's bound is wider.
+    return _call(conn, Reached, "reach", host, str(port), f"{timeout:g}", timeout=120)
 
 
 class Watch:
