@@ -55,7 +55,11 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
     """Launch a profile revision (``name@N``, or ``name`` for its latest) or a ``command`` line
     on ``node``; pre-flight runs on the node next (``status`` moves from ``pending``)."""
     require(request, Role.OPERATOR)
-    node = named(body.node)
+    names = [n.strip() for n in body.node.split(",")]
+    if len(names) > 64 or any(not n for n in names):
+        raise HttpError(400, "node: a name, or names separated by commas (node 0 first)")
+    group = [named(n) for n in names]
+    node = group[0]
     if bool(body.profile) == bool(body.command):
         raise HttpError(400, "give a profile or a command, not both")
     try:
@@ -71,6 +75,7 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
             actor=request.user,
             request=request,
             model_wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
+            nodes=group if len(group) > 1 else (),
         )
     except launching.LaunchInputError as exc:
         raise HttpError(400, str(exc)) from None

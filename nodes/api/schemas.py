@@ -118,7 +118,8 @@ class PlacementOut(Schema):
 
 
 class LaunchIn(Schema):
-    node: str = Field(..., max_length=63)
+    # One node's name, or a multi-node launch's names in rank order: "a,b" (node 0 first).
+    node: str = Field(..., max_length=1023)
     profile: str | None = Field(None, max_length=80)
     command: str | None = Field(None, max_length=65536)
     gpus: list[int] | None = Field(None, max_length=64)
@@ -142,6 +143,12 @@ class LaunchOut(Schema):
     ended: str | None = None
     checks: list[dict[str, Any]]
     diagnosis: dict[str, Any] | None = None
+    # A multi-node launch: its nodes in rank order ({"node", "node_rank", "launch", "status",
+    # "gpus", "port"}) and where they meet; a node's part names its group and node rank.
+    nodes: list[dict[str, Any]] | None = None
+    dist_init_addr: str | None = None
+    group: int | None = None
+    node_rank: int | None = None
 
 
 class LogOut(Schema):

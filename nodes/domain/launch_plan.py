@@ -31,6 +31,8 @@ CHECK_NAMES: tuple[str, ...] = (
     "model_path",
     "shm",
     "environment",
+    "network",
+    "dist_init",
 )
 #: Checks no override can pass: two launches never share GPUs or ports, a quarantined GPU
 #: holds memory no process owns until the node is rebooted, and a variable the environment
@@ -51,30 +53,49 @@ class Check:
     passed: bool
     detail: str
     override: str = ""
+    # The node it was made on, in a launch over several nodes ("" on one node).
+    node: str = ""
 
     @property
     def blocks(self) -> bool:
         return not self.passed and not self.override
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        doc = asdict(self)
+        if not self.node:
+            del doc["node"]
+        return doc
 
 
 def ranks_needed(flags: ParsedCommand) -> int:
-    """GPUs one node of this command uses: tp × pp (× dp without DP attention) / nnodes.
-
-    Raises ``PlanError`` for multi-node commands (not launched by Rankwise yet).
-    """
+    """GPUs one node of this command uses: tp × pp / nnodes (× dp without DP attention, which
+    SGLang runs on one node only). Raises ``PlanError`` for sizes SGLang refuses."""
     tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
     pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
     dp = int(flags.get("dp_size", "data_parallel_size", default=1))
     nnodes = int(flags.get("nnodes", default=1))
-    if nnodes != 1:
-        raise PlanError(f"--nnodes {nnodes}: multi-node launches are not supported yet")
-    if tp < 1 or pp < 1 or dp < 1:
-        raise PlanError("tp, pp and dp sizes must be at least 1")
+    if tp < 1 or pp < 1 or dp < 1 or nnodes < 1:
+        raise PlanError("tp, pp, dp and nnodes must be at least 1")
     attention_dp = bool(flags.get("enable_dp_attention", default=False))
-    return tp * pp * (1 if attention_dp else dp)
+    if nnodes == 1:
+        return tp * pp * (1 if attention_dp else dp)
+    if (tp * pp) % nnodes:
+        raise PlanError(
+            f"tp × pp = {tp * pp} is not divisible by --nnodes {nnodes} (SGLang: "
+            '"tp_size must be divisible by number of nodes")'
+        )
+    if dp != 1 and not attention_dp:
+        raise PlanError(
+            "SGLang runs --dp-size replicas on one node only: multi-node data parallelism needs "
+            '--enable-dp-attention ("multi-node data parallel is not supported unless dp '
+            'attention!")'
+        )
+    return tp * pp // nnodes
+
+
+def nodes_needed(flags: ParsedCommand) -> int:
+    """``--nnodes``: how many nodes the command runs on (1 unless it says)."""
+    return int(flags.get("nnodes", default=1))
 
 
 def server_port(flags: ParsedCommand) -> int:

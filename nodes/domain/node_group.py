@@ -19,7 +19,7 @@ import ipaddress
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from nodes.domain.launch_plan import PlanError, server_port
+from nodes.domain.launch_plan import Check, PlanError, nodes_needed, ranks_needed, server_port
 from nodes.domain.sglang_flags import ParsedCommand, address_port
 
 #: The store's port when the revision names none: SGLang's documentation's examples use 5000
@@ -74,7 +74,7 @@ class Meeting:
 def ranks_per_node(flags: ParsedCommand, nodes: int) -> int:
     """tp × pp / nnodes for a group of ``nodes``. Raises ``PlanError`` when the command's
     ``--nnodes`` is not the group's size or does not divide tp × pp."""
-    nnodes = int(flags.get("nnodes", default=1))
+    nnodes = nodes_needed(flags)
     if nnodes != nodes:
         raise PlanError(
             f"the command says --nnodes {nnodes} but the launch names {nodes} node(s): "
@@ -82,24 +82,7 @@ def ranks_per_node(flags: ParsedCommand, nodes: int) -> int:
         )
     if nodes < 2:
         raise PlanError("a node group has at least two nodes")
-    tp = int(flags.get("tp_size", "tensor_parallel_size", default=1))
-    pp = int(flags.get("pp_size", "pipeline_parallel_size", default=1))
-    if tp < 1 or pp < 1:
-        raise PlanError("tp and pp sizes must be at least 1")
-    if (tp * pp) % nodes:
-        raise PlanError(
-            f"tp × pp = {tp * pp} is not divisible by --nnodes {nodes} (SGLang: "
-            '"tp_size must be divisible by number of nodes")'
-        )
-    if flags.get("dp_size", "data_parallel_size", default=1) != 1 and not flags.get(
-        "enable_dp_attention", default=False
-    ):
-        raise PlanError(
-            "SGLang runs --dp-size replicas on one node only: multi-node data parallelism needs "
-            '--enable-dp-attention ("multi-node data parallel is not supported unless dp '
-            'attention!")'
-        )
-    return tp * pp // nodes
+    return ranks_needed(flags)
 
 
 def tp_ranks(flags: ParsedCommand, nodes: int, node_rank: int) -> range:
@@ -198,13 +181,75 @@ def _pinned(flags: ParsedCommand, nodes: Sequence[GroupNode], name: str) -> Meet
     )
 
 
-def node_args(args: Sequence[str], node_rank: int, meeting_point: Meeting) -> list[str]:
-    """The revision's flags for one node: ``--node-rank`` and ``--dist-init-addr`` appended (the
-    last one wins, as in argparse), so every node runs the same flags but these two."""
-    return [
-        *args,
-        "--node-rank",
-        str(node_rank),
-        "--dist-init-addr",
-        meeting_point.address,
-    ]
+def node_args(args: Sequence[str], node_rank: int, meeting_point: Meeting | str) -> list[str]:
+    """The revision's flags for one node: ``--node-rank`` and ``--dist-init-addr`` (a
+    ``Meeting`` or its ``HOST:PORT``) appended (the last one wins, as in argparse), so every node
+    runs the same flags but these two."""
+    address = meeting_point.address if isinstance(meeting_point, Meeting) else meeting_point
+    return [*args, "--node-rank", str(node_rank), "--dist-init-addr", address]
+
+
+# --- the group's own pre-flight checks (beside each node's) --------------------------------------
+
+
+def check_versions(versions: Sequence[tuple[str, str | None]]) -> Check:
+    """Every node (``(name, SGLang version)`` in rank order) runs node 0's SGLang: SGLang
+    compares no version between nodes, so a mismatch shows only as ranks that never agree."""
+    first_name, first = versions[0]
+    other = [(n, v) for n, v in versions[1:] if v != first]
+    if not other:
+        return Check("sglang", True, f"every node runs SGLang {first}")
+    name, version = other[0]
+    listed = ", ".join(f"{n} {v or 'none found'}" for n, v in versions)
+    return Check(
+        "sglang",
+        False,
+        f"{name} runs SGLang {version or '(none found)'} but {first_name} (node 0) runs {first}: "
+        f"every node must run the same version ({listed})",
+        node=name,
+    )
+
+
+def check_same_model(model_path: str, configs: Sequence[tuple[str, str | None]]) -> Check:
+    """Every node's ``config.json`` at ``model_path`` is node 0's (``(name, config hash)`` in rank
+    order; None where it was not read); a node without it is the node's own ``model_path``."""
+    first_name, first = configs[0]
+    differs = [n for n, h in configs[1:] if h is not None and first is not None and h != first]
+    if differs:
+        return Check(
+            "model_path",
+            False,
+            f"{model_path}/config.json on {differs[0]} differs from {first_name}'s (node 0): "
+            "every node must serve the same model",
+            node=differs[0],
+        )
+    return Check("model_path", True, f"{model_path}: the same config.json on every node read")
+
+
+def check_network(
+    flags: ParsedCommand, nodes: Sequence[GroupNode], env: dict[str, str]
+) -> tuple[Check, Meeting | None]:
+    """Where the nodes meet, as a check: the address and each node's interface, with the
+    meeting's warnings; failed when they share no network (``meeting``'s reason)."""
+    try:
+        found = meeting(flags, nodes, env)
+    except PlanError as exc:
+        return Check("network", False, str(exc)), None
+    used = ", ".join(f"{n} {i}" for n, i in found.interfaces.items())
+    detail = f"the nodes meet at {found.address} (node 0's address); interfaces: {used}"
+    if found.warnings:
+        detail += "; warning: " + "; ".join(found.warnings)
+    return Check("network", True, detail), found
+
+
+def check_reach(node: str, address: str, reached: bool, error: str | None) -> Check:
+    """``node`` reached (or not) the store's ``address`` on node 0, as tried from ``node``."""
+    if reached:
+        return Check("dist_init", True, f"{node} reaches {address}", node=node)
+    return Check(
+        "dist_init",
+        False,
+        f"{node} cannot reach {address} (node 0's --dist-init-addr): {error or 'no answer'}; its "
+        "ranks would wait for node 0 until the init timeout",
+        node=node,
+    )

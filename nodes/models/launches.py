@@ -29,6 +29,9 @@ class Launch(models.Model):
         "self", on_delete=models.CASCADE, null=True, blank=True, related_name="parts"
     )
     node_rank = models.PositiveSmallIntegerField(default=0)
+    # Where a group's nodes meet (``--dist-init-addr``: node 0's address and the store's port),
+    # chosen at pre-flight from the nodes' interfaces; empty on one node.
+    dist_init_addr = models.CharField(max_length=64, blank=True)
     gpus = models.JSONField(default=list, help_text="GPU indexes on the node, in rank order.")
     port = models.PositiveIntegerField()
     status = models.CharField(max_length=16, choices=LaunchStatus, default=LaunchStatus.PENDING)
@@ -117,6 +120,32 @@ class Launch(models.Model):
                 if isinstance(self.diagnosis, dict)
                 else None
             ),
+            **self._group_summary(),
+        }
+
+    def _group_summary(self) -> dict[str, object]:
+        """A multi-node launch's nodes in rank order (node 0's launch), or the group it is a
+        part of; nothing on one node."""
+        if self.group_id is not None:
+            return {"group": self.group_id, "node_rank": self.node_rank}
+        if self.pk is None:
+            return {}
+        parts = list(self.parts.select_related("node").order_by("node_rank"))
+        if not parts:
+            return {}
+        return {
+            "nodes": [
+                {
+                    "node": p.node.name,
+                    "node_rank": p.node_rank,
+                    "launch": p.pk,
+                    "status": p.status,
+                    "gpus": list(p.gpus),
+                    "port": p.port,
+                }
+                for p in [self, *parts]
+            ],
+            "dist_init_addr": self.dist_init_addr,
         }
 
 

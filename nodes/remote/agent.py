@@ -1019,7 +1019,12 @@ def _bind(family: int, address: str, port: int) -> socket.socket:
 
 def listen(args: list[str]) -> dict[str, Any]:
     """Bind PORT on 0.0.0.0 (and :: where IPv6 is there), then leave a detached process
-    accepting and closing connections for SECONDS; answers once the listener is bound."""
+    accepting and closing connections for SECONDS, or until ACCEPT connections came (when
+    given: the port is free again for the server right after the nodes tried it); answers once
+    the listener is bound."""
+    accept = 0
+    if len(args) == 3:
+        accept = int(_seconds(args.pop(), 1, 1024, "ACCEPT"))
     port_text, seconds_text = _args(args, "PORT SECONDS")
     port, seconds = _port(port_text), _seconds(seconds_text, 1, 120, "SECONDS")
     try:
@@ -1033,7 +1038,7 @@ def listen(args: list[str]) -> dict[str, Any]:
     if os.fork() == 0:
         os.close(read_fd)
         try:
-            _serve(sockets, time.monotonic() + seconds, write_fd)
+            _serve(sockets, time.monotonic() + seconds, write_fd, accept)
         finally:
             os._exit(0)
     os.close(write_fd)
@@ -1044,9 +1049,9 @@ def listen(args: list[str]) -> dict[str, Any]:
     return {"listening": True, "port": port}
 
 
-def _serve(sockets: list[socket.socket], deadline: float, ready: int) -> None:
+def _serve(sockets: list[socket.socket], deadline: float, ready: int, accept: int = 0) -> None:
     """The detached listener: its own session, no stdio (so the SSH command ends now), accept
-    and close until ``deadline`` (monotonic)."""
+    and close until ``deadline`` (monotonic) or, with ``accept``, that many connections."""
     os.setsid()
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     null = os.open(os.devnull, os.O_RDWR)
@@ -1064,6 +1069,9 @@ def _serve(sockets: list[socket.socket], deadline: float, ready: int) -> None:
         for sock in readable:
             with contextlib.suppress(OSError):  # gone before it was taken, or would block
                 sock.accept()[0].close()
+                accept -= 1
+                if accept == 0:
+                    return
 
 
 def reach(args: list[str]) -> dict[str, Any]:

@@ -378,11 +378,13 @@ def reset(conn: ssh.Connection, index: int) -> GpuReset:
     return _call(conn, GpuReset, "reset", str(index), timeout=180)
 
 
-def listen(conn: ssh.Connection, port: int, seconds: float) -> Listening:
+def listen(conn: ssh.Connection, port: int, seconds: float, accept: int = 0) -> Listening:
     """Have the node listen on TCP ``port`` for ``seconds`` (bounded to 1..120 by the agent),
-    so that other nodes can ``reach`` it; returns once the listener is bound (or could not
-    be), the listener itself detached from the SSH command. Raises ``ssh.RemoteError``."""
-    return _call(conn, Listening, "listen", str(port), f"{seconds:g}", timeout=30)
+    or until ``accept`` connections came (when given), so that other nodes can ``reach`` it;
+    returns once the listener is bound (or could not be), the listener itself detached from
+    the SSH command. Raises ``ssh.RemoteError``."""
+    more = [str(accept)] if accept else []
+    return _call(conn, Listening, "listen", str(port), f"{seconds:g}", *more, timeout=30)
 
 
 def reach(conn: ssh.Connection, host: str, port: int, timeout: float) -> Reached:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodes.domain import launch_plan as plan
+from nodes.domain import node_group
 from nodes.domain.redact import mask_doc, secret_values
 from nodes.domain.sglang_flags import ParsedCommand, parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
@@ -24,13 +25,26 @@ def flags_for(revision: ProfileRevision, node: Node, port: int | None = None) ->
 
 
 def args_of(launch: Launch) -> list[str]:
-    """The flags the launch runs with: its revision's, on the launch's port."""
+    """The flags the launch runs with: its revision's, on the launch's port; a part of a
+    multi-node launch with its ``--node-rank`` and ``--dist-init-addr`` once pre-flight chose
+    where the nodes meet."""
     base = flags_for(launch.revision, launch.node)
-    return (
+    args = (
         plan.launch_args(launch.revision.args, base, launch.port)
         if base.values
         else list(launch.revision.args)
     )
+    if launch.dist_init_addr:
+        args = node_group.node_args(args, launch.node_rank, launch.dist_init_addr)
+    return args
+
+
+def ports_of(launch: Launch, flags: ParsedCommand) -> list[int]:
+    """The ports the launch needs free on its node: on one node the server's and those SGLang
+    derives from it; in a multi-node launch what its node rank binds (node 0 the store too)."""
+    if launch.group_id is not None or plan.nodes_needed(flags) > 1:
+        return node_group.node_ports(flags, launch.node_rank)
+    return plan.ports_needed(flags)
 
 
 def masked(doc: Any, args: list[str], env: dict[str, str]) -> Any:

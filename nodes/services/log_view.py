@@ -1,6 +1,6 @@
 """The log viewer's reads of a launch's stored lines: a window of them by sequence number (after,
-before or around one), filtered by level, rank or the diagnosis's evidence, and a search over all
-of them. Every read is bounded and uses the ``(launch, seq)`` index (or the partial index of
+before or around one), filtered by level, rank, node or the diagnosis's evidence, and a search over
+all of them. Every read is bounded and uses the ``(launch, seq)`` index (or the partial index of
 warnings and errors), so a launch with a million stored lines answers as fast as a short one.
 """
 
@@ -21,9 +21,12 @@ MATCHES_MAX = 200
 COUNT_MAX = 100_000
 RANK_SAMPLE = 5000
 
-#: One line as the viewer gets it: ``[seq, text, level, rank]``.
-Row = tuple[int, str, int, str]
-FIELDS = ("seq", "text", "level", "rank")
+#: One line as the viewer gets it: ``[seq, text, level, rank, node]`` (``node``: the inventory
+#: name of the node that printed it in a multi-node launch, ``""`` on one node).
+Row = tuple[int, str, int, str, str]
+FIELDS = ("seq", "text", "level", "rank", "node")
+#: A node's name is at most this long (``LaunchLogLine.node``).
+NODE_MAX = 64
 
 
 class BadFilter(ValueError):
@@ -33,11 +36,13 @@ class BadFilter(ValueError):
 @dataclass(frozen=True)
 class Filters:
     """``level``: ``"warning"`` (warnings and errors) or ``"error"``; ``rank``: as the line's
-    prefix names it (``"TP3"``); ``evidence``: only the diagnosis's evidence lines."""
+    prefix names it (``"TP3"``); ``node``: the name of the node that printed the line (a
+    multi-node launch's); ``evidence``: only the diagnosis's evidence lines."""
 
     level: str = ""
     rank: str = ""
     evidence: bool = False
+    node: str = ""
 
     @classmethod
     def of(cls, params: Any) -> Filters:
@@ -51,13 +56,18 @@ class Filters:
         evidence = str(params.get("evidence") or "")
         if evidence not in ("", "0", "1", "true", "false", "on", "off"):
             raise BadFilter("evidence is 1 or 0")
-        return cls(level, rank, evidence in ("1", "true", "on"))
+        node = str(params.get("node") or "")
+        if len(node) > NODE_MAX or "\x00" in node:
+            raise BadFilter(f"node is a node's name (at most {NODE_MAX} characters)")
+        return cls(level, rank, evidence in ("1", "true", "on"), node)
 
     def apply(self, launch: Launch, lines: QuerySet[LaunchLogLine]) -> QuerySet[LaunchLogLine]:
         if self.level:
             lines = lines.filter(level__gte=LEVELS[self.level])
         if self.rank:
             lines = lines.filter(rank=self.rank)
+        if self.node:
+            lines = lines.filter(node=self.node)
         if self.evidence:
             lines = lines.filter(seq__in=evidence_lines(launch))
         return lines
@@ -125,7 +135,7 @@ def lines_after(launch: Launch, filters: Filters, seq: int) -> bool:
 
 
 def _rows(lines: QuerySet[LaunchLogLine]) -> list[Row]:
-    return [(s, t, lv, r) for s, t, lv, r in lines.values_list(*FIELDS)]
+    return [(s, t, lv, r, n) for s, t, lv, r, n in lines.values_list(*FIELDS)]
 
 
 def search(launch: Launch, text: str, filters: Filters = Filters()) -> tuple[int, list[Row]]:  # noqa: B008
@@ -158,3 +168,10 @@ def ranks(launch: Launch) -> list[str]:
     lines = launch.lines.exclude(rank="").values_list("rank", flat=True)
     found = set(lines.order_by("seq")[:RANK_SAMPLE]) | set(lines.order_by("-seq")[:RANK_SAMPLE])
     return sorted(found, key=lambda r: [(len(p), p) for p in r.split()])
+
+
+def nodes(launch: Launch) -> list[str]:
+    """The names of a multi-node launch's nodes in node-rank order (node 0's first), as its
+    lines name them; ``[]`` for a launch on one node."""
+    parts = list(launch.parts.order_by("node_rank").values_list("node__name", flat=True))
+    return [launch.node.name, *parts] if parts else []

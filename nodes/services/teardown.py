@@ -11,6 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from nodes import ssh
@@ -75,14 +76,72 @@ def finish(launch: Launch, remaining: list[dict[str, Any]]) -> tuple[dict[int, i
     return held, "; ".join(notes)
 
 
-def fail(launch_id: int, reason: str) -> bool:
+def fail(launch_id: int, reason: str, *, spread: bool = True) -> bool:
     """Mark a running launch ``failed``: snapshot the node at once, then stop the group and
     release what came back, and queue its diagnosis. False if the launch had already ended or
-    is being stopped."""
+    is being stopped. A node of a multi-node launch failing fails every other node's part
+    (``spread``: their ranks would wait on it for ever); the group is diagnosed as one."""
     running = [s for s in LAUNCH_RUNNING if s != LaunchStatus.STOPPING]
     if launch_state.transition(launch_id, LaunchStatus.FAILED, frm=running, reason=reason) is None:
         return False
     launch = Launch.objects.select_related("node").get(pk=launch_id)
+    _stop_and_snapshot(launch, reason)
+    if spread:
+        for other in group_members(launch, exclude=launch):
+            fail(other.pk, f"{_named(launch)} failed: {reason}", spread=False)
+    if launch.group_id is None:
+        # Diagnosed now with the lines stored so far; again by the follower once the log is whole.
+        enqueue("nodes.diagnose_launch", launch_id, unavailable=_not_diagnosed(launch_id))
+    return True
+
+
+def group_members(launch: Launch, *, exclude: Launch | None = None) -> list[Launch]:
+    """Every launch of ``launch``'s multi-node group (node 0's first, then by node rank), less
+    ``exclude``; ``[]`` for a launch on one node."""
+    first = launch.group_id or launch.pk
+    members = Launch.objects.select_related("node").filter(Q(pk=first) | Q(group_id=first))
+    if exclude is not None:
+        members = members.exclude(pk=exclude.pk)
+    found = sorted(members, key=lambda m: m.node_rank)
+    return found if launch.group_id or any(m.group_id for m in found) else []
+
+
+def _named(launch: Launch) -> str:
+    return f"{launch.node.name} (node rank {launch.node_rank})"
+
+
+def lose_group(lost: Launch, why: str) -> None:
+    """A node of a multi-node launch stopped answering: the launch is ``lost`` (node 0's record
+    says which node and why) and every other node's ranks are stopped, since they would wait
+    on the lost ones for ever. Its own part stays lost until its node answers again."""
+    first = (
+        lost
+        if lost.group_id is None
+        else Launch.objects.select_related("node").get(pk=lost.group_id)
+    )
+    note = f"{_named(lost)} lost: {why}; the other nodes' ranks were stopped"
+    if first.pk != lost.pk:
+        launch_state.transition(
+            first.pk,
+            LaunchStatus.LOST,
+            frm=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
+            resume_status=first.status,
+            lost_since=timezone.now(),
+            reason=note,
+        )
+        try:
+            finish(first, stop_remote(first, grace=5).remaining)
+        except ssh.RemoteError as exc:
+            log.warning("launch %s: node 0 not stopped: %s", first.pk, exc.message)
+    for part in group_members(lost, exclude=lost):
+        if part.pk != first.pk:
+            fail(part.pk, f"stopped: {_named(lost)} was lost ({why})", spread=False)
+
+
+def _stop_and_snapshot(launch: Launch, reason: str) -> None:
+    """The failed launch's node as it is now (its snapshot), then its processes stopped and
+    what came back released; the snapshot says what could not be done."""
+    launch_id = launch.pk
     snap: dict[str, Any] = {}
     try:
         snap = take_snapshot(launch)
@@ -102,9 +161,6 @@ def fail(launch_id: int, reason: str) -> bool:
         snap.setdefault("errors", []).append(exc.message)
         release(launch, keep_gpus=set(launch.gpus), keep_host=True)
     Launch.objects.filter(pk=launch_id).update(snapshot=snap)
-    # Diagnosed now with the lines stored so far; again by the follower once the log is whole.
-    enqueue("nodes.diagnose_launch", launch_id, unavailable=_not_diagnosed(launch_id))
-    return True
 
 
 def _not_diagnosed(launch_id: int) -> Callable[[QueueUnavailable], None]:

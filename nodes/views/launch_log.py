@@ -85,10 +85,12 @@ def _done(launch: Launch) -> bool:
 @require_GET
 @login_required
 def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
-    """Stored lines as ``[seq, text, level, rank]`` (level 0 information, 1 warning, 2 error):
+    """Stored lines as ``[seq, text, level, rank, node]`` (level 0 information, 1 warning, 2
+    error; ``node`` the name of the node that printed it in a multi-node launch, else ``""``):
     after ``?after=SEQ`` (the live stream's polling fallback), before ``?before=SEQ`` (scrolling
     back), around ``?around=SEQ`` (a jump to a line or a match), or the last ones; at most
-    ``?limit=`` (1,000). ``?level=warning|error``, ``?rank=TP3`` and ``?evidence=1`` filter.
+    ``?limit=`` (1,000). ``?level=warning|error``, ``?rank=TP3``, ``?node=NAME`` and
+    ``?evidence=1`` filter.
     400 with ``error`` for a filter or number it does not take, or more than one of
     ``after``, ``before`` and ``around``; 404 with ``error`` for a launch the user may not see."""
     launch = _seen(request).filter(pk=pk).first()
@@ -119,7 +121,7 @@ def launch_lines(request: HttpRequest, pk: int) -> JsonResponse:
 @login_required
 def launch_search(request: HttpRequest, pk: int) -> JsonResponse:
     """Stored lines containing ``?q=`` (case-insensitive, 2–200 characters), with the viewer's
-    filters: ``{"count", "capped", "matches": [[seq, text, level, rank], …], "more"}`` (the
+    filters: ``{"count", "capped", "matches": [[seq, text, level, rank, node], …], "more"}`` (the
     first 200 in order; the count goes to 100,000; ``more``: matches follow the listed ones).
     With ``?after=SEQ`` the next 200 after line SEQ, as ``{"matches", "more"}``. 400 with
     ``error`` for a search it does not take; 404 with ``error`` for a launch the user may not
@@ -156,8 +158,10 @@ def launch_search(request: HttpRequest, pk: int) -> JsonResponse:
 @require_GET
 @login_required
 def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
-    """The whole log as text: the archive when lines were dropped from the database."""
+    """The whole log as text: the archive when lines were dropped from the database. A
+    multi-node launch's lines each start with ``[NODE] ``, the name of the node that printed it."""
     launch = get_object_or_404(_seen(request), pk=pk)
+    several = bool(log_view.nodes(launch))
     name = f"launch-{launch.pk}.log"
     if launch.log_archive:
         response: HttpResponseBase = StreamingHttpResponse(
@@ -166,13 +170,13 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     else:
 
         def lines() -> Iterator[str]:
-            query = launch.lines.order_by("seq").values_list("seq", "text")
+            query = launch.lines.order_by("seq").values_list("seq", "text", "node")
             previous = 0
-            for seq, text in query.iterator(chunk_size=5000):
+            for seq, text, node in query.iterator(chunk_size=5000):
                 if seq != previous + 1:
                     yield f"[rankwise: lines {previous + 1}–{seq - 1} were not kept]\n"
                 previous = seq
-                yield text + "\n"
+                yield f"[{node}] {text}\n" if several else text + "\n"
             if previous < launch.last_seq:
                 yield f"[rankwise: lines {previous + 1}–{launch.last_seq} were not kept]\n"
 
@@ -202,10 +206,11 @@ def _chunks(pieces: Iterator[str]) -> Iterator[str]:
 
 async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
     """The live log as Server-Sent Events: ``lines`` events (id = last seq, data = [[seq, text,
-    level, rank], …]), ``state`` when the status or phase changed, ``end`` when nothing more
-    comes. GET only: a HEAD would hold a stream open that no client reads. 400 for a
-    ``Last-Event-ID`` or ``?after=`` that is not a sequence number (the header, which a
-    reconnecting browser sends, wins over ``after``)."""
+    level, rank, node], …]; rows published by an older follower may lack ``node``), ``state``
+    when the status or phase changed, ``end`` when nothing more comes. GET only: a HEAD would
+    hold a stream open that no client reads. 400 for a ``Last-Event-ID`` or ``?after=`` that is
+    not a sequence number (the header, which a reconnecting browser sends, wins over
+    ``after``)."""
     if request.method != "GET":
         return HttpResponseNotAllowed(["GET"], "This stream is read with GET.")
     user = await request.auser()

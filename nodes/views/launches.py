@@ -331,6 +331,7 @@ def launch_detail(request: HtmxHttpRequest, pk: int) -> HttpResponse:
         "more_before": shown.more_before,
         "decode_pattern": DECODE_BATCH.pattern,
         "ranks": log_view.ranks(launch),
+        "log_nodes": log_view.nodes(launch),
         "evidence_lines": evidence,
         "last_seq": lines[-1][0] if lines else 0,
         "snapshot_json": json.dumps(launch.snapshot, indent=1) if launch.snapshot else "",

@@ -30,7 +30,7 @@ from nodes.models.choices import (
 from nodes.services import launch_state, notifications
 from nodes.services.audit import record
 from nodes.services.reservations import still_reserved
-from nodes.services.teardown import finish, stop_remote
+from nodes.services.teardown import finish, group_members, stop_remote
 from nodes.types import Actor
 
 log = logging.getLogger(__name__)
@@ -75,10 +75,42 @@ def stop(
     back the status it had.
     """
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
+    token = token or pysecrets.token_hex(8)
+    parts = group_members(launch, exclude=launch) if launch.group_id is None else []
+    for part in parts:
+        # Every node's part is stopping before any rank is signalled: a rank that dies of its
+        # peers' end then fails nothing.
+        _mark_stopping(part, actor, None, token)
+    outcome = _stop_one(launch, actor, request, token, retries)
+    if parts:
+        # A multi-node launch: every other node's ranks too (each its own part, its own lease).
+        for part in parts:
+            part = Launch.objects.select_related("node", "revision__profile").get(pk=part.pk)
+            done = _stop_one(part, actor, None, token, retries)
+            outcome.remaining += [{**p, "node": part.node.name} for p in done.remaining]
+            if done.error:
+                outcome.error = "; ".join(e for e in (outcome.error, done.error) if e)
+            if done.pending:
+                outcome.pending = True
+                outcome.retry_in = min(outcome.retry_in or done.retry_in or 0, done.retry_in or 0)
+    return outcome
+
+
+def _stop_one(
+    launch: Launch, actor: Actor, request: HttpRequest | None, token: str, retries: bool
+) -> StopOutcome:
+    """``stop`` of one launch (one node's part of a multi-node launch)."""
     if launch.status in LAUNCH_ENDED:
         # Nothing to stop; what it still holds is what cleanup must free.
         return StopOutcome(launch, held_gpus=still_reserved(launch))
-    token = token or pysecrets.token_hex(8)
+    if not _mark_stopping(launch, actor, request, token) and not _take_over_stop(launch.pk, token):
+        return _await_other_stop(launch, token, retries)
+    launch.refresh_from_db()
+    return _attempt_stop(launch, token, retries)
+
+
+def _mark_stopping(launch: Launch, actor: Actor, request: HttpRequest | None, token: str) -> bool:
+    """``stopping`` under stop ``token`` (audited); False when it was not running."""
     who = actor.get_username() if actor.is_authenticated else "cli"
     stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
     left = launch_state.transition(
@@ -93,14 +125,12 @@ def stop(
         stop_token=token,
         stop_beat=timezone.now(),
     )
-    if left is not None:
-        if left != launch.status:  # it moved on since it was read: resume what it really was
-            Launch.objects.filter(pk=launch.pk, stop_token=token).update(resume_status=left)
-        record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
-    elif not _take_over_stop(launch.pk, token):
-        return _await_other_stop(launch, token, retries)
-    launch.refresh_from_db()
-    return _attempt_stop(launch, token, retries)
+    if left is None:
+        return False
+    if left != launch.status:  # it moved on since it was read: resume what it really was
+        Launch.objects.filter(pk=launch.pk, stop_token=token).update(resume_status=left)
+    record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
+    return True
 
 
 def _take_over_stop(launch_id: int, token: str) -> bool:

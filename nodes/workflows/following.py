@@ -148,15 +148,19 @@ class Follower:
         if exc.kind == "host_key_mismatch":
             self._key_changed(launch, exc)
         elif lost and launch.status not in LAUNCH_ENDED:  # noqa: SIM102 — the update decides
+            why = f"{launch.node.name} has not answered for {away:.0f} s: {exc.message}"
             if launch_state.transition(
                 launch.pk,
                 LaunchStatus.LOST,
                 frm=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
                 resume_status=launch.status,
                 lost_since=timezone.now(),
-                reason=f"{launch.node.name} has not answered for {away:.0f} s: {exc.message}",
+                reason=why,
             ):
-                notifications.launch_event(Launch.objects.get(pk=launch.pk), "launch.lost")
+                if teardown.group_members(launch):
+                    teardown.lose_group(launch, why)
+                first = Launch.objects.get(pk=launch.group_id or launch.pk)
+                notifications.launch_event(first, "launch.lost")
         if launch.status in LAUNCH_ENDED and away > 600:
             # An ended launch whose node never came back: what was stored is all there is.
             Launch.objects.filter(pk=launch.pk).update(log_complete=True)
@@ -187,7 +191,10 @@ class Follower:
         Launch.objects.filter(pk=launch.pk, reason=self._key_note(launch)).update(
             reason=f"{launch.node.name}'s new host key is trusted; following resumed"
         )
-        if launch.status == LaunchStatus.LOST:
+        if launch.status == LaunchStatus.LOST and teardown.group_members(launch):
+            self._back_to_a_lost_group(launch)
+            launch = self._beat()
+        elif launch.status == LaunchStatus.LOST:
             launch_state.transition(
                 launch.pk,
                 launch.resume_status or LaunchStatus.STARTING,
@@ -197,6 +204,17 @@ class Follower:
             )
             launch = self._beat()
         return launch
+
+    def _back_to_a_lost_group(self, launch: Launch) -> None:
+        """A node of a multi-node launch answers again after the launch was lost: the other
+        nodes' ranks are gone, so its own are stopped and the launch ends failed."""
+        why = f"{launch.node.name} answered again after the launch was lost: its ranks stopped"
+        teardown.fail(launch.pk, why, spread=False)
+        first_id = launch.group_id or launch.pk
+        if launch_state.transition(
+            first_id, LaunchStatus.FAILED, frm=[LaunchStatus.LOST], reason=launch.reason
+        ):
+            later("nodes.diagnose_launch", first_id)
 
     # --- one connection's worth of following --------------------------------------------------
 
@@ -217,7 +235,13 @@ class Follower:
         # it reports often enough for the memory timeline's samples.
         beat = min(STATUS_EVERY_READY_S, settings.RANKWISE_MEMORY_SAMPLE_SECONDS)
         watch = agent.Watch(client, launch.remote_dir, STATUS_EVERY_S, beat)
-        self.writer = LogWriter(self.launch_id, self.token, self.offset)
+        self.writer = LogWriter(
+            self.launch_id,
+            self.token,
+            self.offset,
+            group_id=self.group_id,
+            node=launch.node.name if self.group_id is not None else "",
+        )
         try:
             while True:
                 self._read_log(launch, stream, splitter)
@@ -238,6 +262,8 @@ class Follower:
     def _resume(self, launch: Launch) -> None:
         """Pick up where the record ends (a new connection, a new follower)."""
         self.offset, self.seq = launch.log_offset, launch.last_seq
+        # A multi-node launch's nodes write one log: the group's (node 0's launch).
+        self.group_id = launch.group_id or (launch.pk if launch.parts.exists() else None)
         self.secrets = secret_values(list(launch.revision.args), dict(launch.revision.env or {}))
         self.progress = Progress.from_json(launch.progress)
         # Parsed once per connection: health polls read the API key and --enable-metrics.
@@ -307,6 +333,8 @@ class Follower:
                     f"start-up did not reach ready within {launch.startup_timeout_s} s "
                     f"(last phase: {self.progress.phase or 'none'})",
                 )
+            elif launch.group_id is not None:
+                self._try_part_ready(launch, client)
             elif self.progress.ready_line_seen:
                 self._try_ready(launch, client)
         elif launch.status == LaunchStatus.READY:
@@ -359,7 +387,13 @@ class Follower:
         """The process group is gone and every line is read (and now stored)."""
         self._writing().flush()
         launch.refresh_from_db()
-        if launch.status not in LAUNCH_ENDED and launch.status != LaunchStatus.STOPPING:
+        # A lost group's node 0 was stopped on purpose (teardown.lose_group): it stays lost.
+        group_lost = launch.status == LaunchStatus.LOST and launch.parts.exists()
+        if (
+            launch.status not in LAUNCH_ENDED
+            and launch.status != LaunchStatus.STOPPING
+            and not (group_lost)
+        ):
             code = status.exit_status
             teardown.fail(
                 launch.pk,
@@ -372,8 +406,8 @@ class Follower:
             self._archive(launch)
         # The whole log is stored now: diagnose again with every line the server wrote.
         if Launch.objects.filter(pk=launch.pk, status=LaunchStatus.FAILED).exists():
-            later("nodes.diagnose_launch", launch.pk)
-        publish(self.launch_id, self.seq)
+            later("nodes.diagnose_launch", launch.group_id or launch.pk)
+        self._tell()
 
     def _started_too_long(self, launch: Launch) -> bool:
         started = launch.started or launch.created
@@ -397,7 +431,13 @@ class Follower:
         # Viewers get the lines now, before anything else is done with them; the writer makes
         # them the record. Were its commit to fail, the next follower stores the same lines under
         # the same numbers (it reads on from the stored offset): nothing shown is contradicted.
-        announced = publish(self.launch_id, self.seq + len(rows), rows) if rows else True
+        # A group's lines are numbered, then published, by the writer's commit (several nodes
+        # number one log).
+        announced = (
+            publish(self.launch_id, self.seq + len(rows), rows)
+            if rows and self.group_id is None
+            else True
+        )
         # Numbers are read from what the server wrote, not from the masked copy.
         changed = any([advance(self.progress, t) for t in raw])
         progress = self.progress.to_json() if changed else None
@@ -413,7 +453,7 @@ class Follower:
         self._writing().put(Batch([], 0, self.progress.to_json()))
         self._writing().flush()
         self._loading(launch)
-        publish(self.launch_id, self.seq)
+        self._tell()
 
     def _loading(self, launch: Launch) -> None:
         if self.progress.phase in PINNED_BY:
@@ -462,6 +502,15 @@ class Follower:
             waiting = f"ready line seen; waiting for /health and /get_server_info ({status})"
             Launch.objects.filter(pk=launch.pk).exclude(reason=waiting).update(reason=waiting)
             return
+        behind = [
+            f"{p.node.name} (node rank {p.node_rank}, {p.status})"
+            for p in launch.parts.select_related("node").order_by("node_rank")
+            if p.status != LaunchStatus.READY
+        ]
+        if behind:
+            waiting = "node 0 answers; waiting for the ranks of " + ", ".join(behind)
+            Launch.objects.filter(pk=launch.pk).exclude(reason=waiting).update(reason=waiting)
+            return
         fields: dict[str, Any] = {
             "ready_at": timezone.now(),
             "health_at": timezone.now(),
@@ -479,7 +528,36 @@ class Follower:
         ):
             notifications.launch_event(Launch.objects.get(pk=launch.pk), "launch.ready")
             calibrations.record_ready(launch.pk)
-        publish(self.launch_id, self.seq)
+        self._tell()
+
+    def _tell(self) -> None:
+        """Word to the viewers that the record moved (lines stored, a phase, a status)."""
+        if self.group_id is None:
+            publish(self.launch_id, self.seq)
+        else:
+            publish(
+                self.group_id,
+                Launch.objects.values_list("last_seq", flat=True).get(pk=self.group_id),
+            )
+
+    def _try_part_ready(self, launch: Launch, client: Any) -> None:
+        """A node of rank ≥ 1 serves no requests: once its ranks are ready it answers a dummy
+        ``/health`` (200, always) on the server's port (SGLang's engine.py, node_rank ≥ 1)."""
+        try:
+            status, _ = ssh.http_get(client, launch.port, "/health", timeout=5)
+        except ssh.RemoteError as exc:
+            if exc.kind not in ("refused", "timeout"):
+                raise
+            return
+        if status == 200 and launch_state.transition(
+            launch.pk,
+            LaunchStatus.READY,
+            frm=[LaunchStatus.STARTING, LaunchStatus.LOADING],
+            ready_at=timezone.now(),
+            health_at=timezone.now(),
+            reason="",
+        ):
+            self._tell()
 
     def _server_info(self, launch: Launch, client: Any) -> dict[str, Any] | None:
         """The effective settings (``/get_server_info``, or ``/server_info`` where the old
@@ -530,7 +608,7 @@ class Follower:
                 )
             Launch.objects.filter(pk=launch.pk).update(**fields)
             launch.refresh_from_db()
-            if known_good_due(launch) and not self.stamp_queued:
+            if launch.group_id is None and known_good_due(launch) and not self.stamp_queued:
                 later("nodes.stamp_launch", launch.pk)
                 self.stamp_queued = True
             return

@@ -6,9 +6,14 @@ attempt did (the node-side folder, the conditional status transitions)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import logging
 import re
 import secrets as pysecrets
+import time
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +24,7 @@ from django.utils import timezone
 
 from nodes import ssh
 from nodes.domain import launch_plan as plan
-from nodes.domain import timeline
+from nodes.domain import node_group, timeline
 from nodes.domain.budget import BudgetReport, NodeMemory
 from nodes.domain.probe_parse import NodeFacts
 from nodes.domain.redact import redact_args, redact_env
@@ -44,7 +49,7 @@ from nodes.services import (
 from nodes.services import model_facts as model_readings
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
-from nodes.services.launch_flags import args_of, flags_for, masked
+from nodes.services.launch_flags import args_of, flags_for, masked, ports_of
 from nodes.services.model_facts import ModelFacts, model_facts
 from nodes.services.profiles import env_problems, evaluate, input_problem, node_memory
 from nodes.services.reservations import release, reserve
@@ -168,64 +173,109 @@ def create(
     timeout_s: int | None = None,
     port: int | None = None,
     request: HttpRequest | None = None,
+    nodes: Sequence[Node] = (),
 ) -> Launch:
-    """Reserve GPUs and port and queue the launch; a reservation already held makes it
+    """Reserve GPUs and ports and queue the launch; a reservation already held makes it
     ``blocked`` at once (the unique constraint decides between simultaneous launches).
 
+    ``nodes`` (node 0 first, then the rest in rank order) makes one server over several nodes
+    (``--nnodes`` of them): node 0's launch is returned, each other node gets a part
+    (``Launch.group``) with its own GPUs, ports and commitment, all taken or none (every node's
+    ledger locked, in a fixed order). ``gpus`` then names the same GPUs on every node.
+
     Raises ``LaunchInputError`` for input no launch can use (unknown override, wrong GPU count,
-    node in maintenance or never trusted, multi-node command).
+    node in maintenance or never trusted, a command for another number of nodes).
     """
+    group = list(nodes) or [node]
     overrides = _checked_overrides(overrides)
-    _check_node(node, timeout_s)
-    if refused := env_problems(dict(revision.env or {}), node):  # saved before the policy?
-        raise LaunchInputError("; ".join(refused))
-    flags = _launchable(revision, node, port)
-    chosen = _gpus_for(node, flags, gpus)
+    if len({n.pk for n in group}) != len(group):
+        raise LaunchInputError("a node is named twice: name each node of the launch once")
+    for each in group:
+        _check_node(each, timeout_s)
+        if refused := env_problems(dict(revision.env or {}), each):  # saved before the policy?
+            raise LaunchInputError("; ".join(refused))
+    flags = [_launchable(revision, each, port) for each in group]
+    _check_node_count(flags[0], group)
+    chosen = [_gpus_for(each, f, gpus) for each, f in zip(group, flags, strict=True)]
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
-        commitments.lock(node)  # the node's ledger: one launch at a time takes its room
-        launch = Launch.objects.create(
-            revision=revision,
-            node=node,
-            gpus=chosen,
-            port=plan.server_port(flags),
-            overrides=overrides,
-            created_by=author,
-            startup_timeout_s=timeout_s or settings.RANKWISE_STARTUP_TIMEOUT_SECONDS,
-        )
-        launch.remote_dir = f"{REMOTE_ROOT}/{launch.pk}-{pysecrets.token_hex(4)}"
-        reserved = reserve(launch, chosen, plan.ports_needed(flags))
-        taken: list[plan.Check | None] = [reserved, _commit(launch) if reserved.passed else None]
-        blocking = next((c for c in taken if c is not None and not c.passed), None)
-        launch.checks = [c.to_json() for c in taken if c is not None]
-        launch.save(update_fields=["remote_dir", "checks"])
-        if blocking is not None:
-            detail = blocking.detail if blocking is reserved else f"budget: {blocking.detail}"
-            launch_state.transition(
-                launch.pk,
-                LaunchStatus.BLOCKED,
-                actor_name=author,
-                reason=f"pre-flight refused: {detail}",
+        for each in sorted(group, key=lambda n: n.pk):
+            commitments.lock(each)  # each node's ledger: one launch at a time takes its room
+        launches: list[Launch] = []
+        taken: list[plan.Check] = []
+        for rank, (each, each_flags) in enumerate(zip(group, flags, strict=True)):
+            launch = Launch.objects.create(
+                revision=revision,
+                node=each,
+                gpus=chosen[rank],
+                port=plan.server_port(each_flags),
+                overrides=overrides,
+                created_by=author,
+                startup_timeout_s=timeout_s or settings.RANKWISE_STARTUP_TIMEOUT_SECONDS,
+                group=launches[0] if rank else None,
+                node_rank=rank,
             )
-            release(launch)
-            launch.refresh_from_db()
+            launch.remote_dir = f"{REMOTE_ROOT}/{launch.pk}-{pysecrets.token_hex(4)}"
+            reserved = reserve(launch, chosen[rank], ports_of(launch, each_flags))
+            own = [c for c in (reserved, _commit(launch) if reserved.passed else None) if c]
+            for check in own:
+                check.node = each.name if len(group) > 1 else ""
+            launch.checks = [c.to_json() for c in own]
+            launch.save(update_fields=["remote_dir", "checks"])
+            launches.append(launch)
+            taken += own
+        first = launches[0]
+        if len(launches) > 1:  # the group's record lists every node's checks
+            first.checks = [c.to_json() for c in taken]
+            first.save(update_fields=["checks"])
+        blocking = next((c for c in taken if not c.passed), None)
+        if blocking is not None:
+            where = f"{blocking.node}: " if blocking.node else ""
+            detail = (
+                blocking.detail if blocking.name == "reservation" else f"budget: {blocking.detail}"
+            )
+            for launch in launches:
+                launch_state.transition(
+                    launch.pk,
+                    LaunchStatus.BLOCKED,
+                    actor_name=author,
+                    reason=f"pre-flight refused: {where}{detail}",
+                )
+                release(launch)
+            first.refresh_from_db()
         record(
             "launch.create",
             actor=actor,
-            obj=launch,
+            obj=first,
             after={
-                **launch.summary(),
+                **first.summary(),
                 "command": revision.command_line(),
                 "overrides": overrides,
                 "verdict": revision.verdict,
             },
             request=request,
         )
-        if launch.status == LaunchStatus.PENDING:
+        if first.status == LaunchStatus.PENDING:
             enqueue(
-                "nodes.start_launch", launch.pk, unavailable=lambda exc: _not_started(launch, exc)
+                "nodes.start_launch", first.pk, unavailable=lambda exc: _not_started(first, exc)
             )
-    return launch
+    return first
+
+
+def _check_node_count(flags: ParsedCommand, group: list[Node]) -> None:
+    """The command's ``--nnodes`` is the number of nodes named; raises ``LaunchInputError``."""
+    wanted = plan.nodes_needed(flags)
+    if wanted == len(group):
+        return
+    if wanted > 1 and len(group) == 1:
+        raise LaunchInputError(
+            f"--nnodes {wanted} is a multi-node launch: name its {wanted} nodes in rank order "
+            "(node 0 first), e.g. --node a,b"
+        )
+    raise LaunchInputError(
+        f"the command says --nnodes {wanted} but {len(group)} nodes are named: name one node per "
+        "--nnodes, in rank order"
+    )
 
 
 def _commit(launch: Launch) -> plan.Check | None:
@@ -311,10 +361,11 @@ def _not_started(launch: Launch, exc: QueueUnavailable) -> None:
     """The task queue did not take the new launch: it ends ``error`` saying so (nothing ran;
     GPUs and port released) and ``QueueUnavailable`` is raised."""
     reason = f"not started: {exc}"
-    launch_state.transition(
-        launch.pk, LaunchStatus.ERROR, frm=[LaunchStatus.PENDING], reason=reason
-    )
-    release(launch)
+    for each in [launch, *launch.parts.all()]:
+        launch_state.transition(
+            each.pk, LaunchStatus.ERROR, frm=[LaunchStatus.PENDING], reason=reason
+        )
+        release(each)
     raise exc
 
 
@@ -330,10 +381,12 @@ def submit(
     port: int | None = None,
     request: HttpRequest | None = None,
     model_wait: float | None = None,
+    nodes: Sequence[Node] = (),
 ) -> Launch:
     """A launch of ``revision``, or of a raw ``command`` stored as an ad-hoc revision (its model
     read with ``wait=model_wait``, before anything is stored); nothing is kept when the input
-    is refused (``LaunchInputError``)."""
+    is refused (``LaunchInputError``). ``nodes``: a launch over several nodes (see ``create``),
+    ``node`` being the first of them."""
     adhoc = None
     if revision is None:
         if command is None:
@@ -354,6 +407,7 @@ def submit(
             timeout_s=timeout_s,
             port=port,
             request=request,
+            nodes=nodes,
         )
 
 
@@ -385,10 +439,21 @@ def start(launch_id: int) -> None:
             worker_beat=None,
         ):
             release(Launch.objects.get(pk=launch_id))
+            for part in Launch.objects.filter(group_id=launch_id):
+                if launch_state.transition(
+                    part.pk,
+                    LaunchStatus.ERROR,
+                    frm=[LaunchStatus.PENDING, LaunchStatus.PREFLIGHT],
+                    reason=why,
+                ):
+                    release(part)
 
 
 def _start(launch_id: int) -> None:
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
+    if launch.parts.exists():
+        _start_group(launch)
+        return
     node = launch.node
     try:
         found = _read_node(launch)
@@ -435,7 +500,7 @@ def _read_node(launch: Launch) -> agent.Prepared:
             node.sglang_python,
             path,
             model_readings.stamp_of(node, local) if local else None,
-            plan.ports_needed(flags),
+            ports_of(launch, flags),
         )
 
 
@@ -451,7 +516,11 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
     version = facts.sglang_version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args_of(launch), table(version))
     flags.env = dict(launch.revision.env or {})
-    checks = [plan.Check(**c) for c in launch.checks if c.get("name") == "reservation"]
+    checks = [
+        plan.Check(**c)
+        for c in launch.checks
+        if c.get("name") == "reservation" and c.get("node", node.name) == node.name
+    ]
     # Again on the worker, just before the start: the node's allowances may have changed.
     checks.append(plan.check_environment(env_problems(flags.env, node)))
     checks.append(plan.check_sglang(facts.sglang_version, _sglang_problem(facts), flags))
@@ -475,10 +544,11 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
     launch.gpu_used_before = before
     model_path = str(flags.get("model_path", default="") or "")
     read = found.preflight
-    if set(plan.ports_needed(flags)) - set(found.ports):
+    ports = ports_of(launch, flags)
+    if set(ports) - set(found.ports):
         with ssh.pool.session(target_for(node)) as conn:
-            read = agent.preflight(conn, model_path, plan.ports_needed(flags))
-    checks.append(plan.check_ports(plan.ports_needed(flags), read.listening))
+            read = agent.preflight(conn, model_path, ports)
+    checks.append(plan.check_ports(ports, read.listening))
     checks.append(plan.check_model(model_path, read.model_found, read.model_detail))
     checks.append(plan.check_shm(read.shm_bytes, len(launch.gpus)))
     return plan.apply_overrides(checks, dict(launch.overrides)), report
@@ -515,7 +585,18 @@ def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str
 def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetReport) -> bool:
     """Store the checks; block the launch if one fails without an override. True to go on."""
     docs = masked([c.to_json() for c in checks], list(launch.revision.args), launch.revision.env)
-    estimate = {
+    estimate = _estimate(report)
+    Launch.objects.filter(pk=launch.pk).update(checks=docs, estimate=estimate)
+    launch.checks = docs
+    if _audited_blocking(launch, checks, docs, estimate["warnings"]):
+        _block(launch, docs, _why_blocked(docs))
+        return False
+    return True
+
+
+def _estimate(report: BudgetReport) -> dict[str, Any]:
+    """What the launch page and the calibrations keep of the budget pre-flight made."""
+    return {
         "verdict": report.verdict,
         "device_kv_tokens_per_rank": report.device_kv_tokens_per_rank,
         "host_pool_bytes_per_rank": report.host_pool_bytes_per_rank,
@@ -525,15 +606,19 @@ def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetRepor
         "calibration": report.calibration,
         "warnings": [m.text for m in report.messages if m.level == "warn"],
     }
-    Launch.objects.filter(pk=launch.pk).update(checks=docs, estimate=estimate)
-    launch.checks = docs
-    blocking = {c.name for c in checks if c.blocks}
+
+
+def _audited_blocking(
+    launch: Launch, checks: list[plan.Check], docs: list[dict[str, Any]], warnings: list[str]
+) -> bool:
+    """Audit the pre-flight and each override; True when a check blocks the launch."""
+    blocking = any(c.blocks for c in checks)
     record(
         "launch.preflight",
         actor=None,
         actor_name=launch.created_by,
         obj=launch,
-        after={"checks": docs, "warnings": estimate["warnings"], "blocked": bool(blocking)},
+        after={"checks": docs, "warnings": warnings, "blocked": blocking},
     )
     for c in checks:
         if c.override:
@@ -542,13 +627,23 @@ def _record_checks(launch: Launch, checks: list[plan.Check], report: BudgetRepor
                 actor=None,
                 actor_name=launch.created_by,
                 obj=launch,
-                after={"check": c.name, "reason": c.override, "detail": c.detail},
+                after={
+                    "check": c.name,
+                    "reason": c.override,
+                    "detail": c.detail,
+                    **({"node": c.node} if c.node else {}),
+                },
             )
-    if blocking:
-        why = "; ".join(f"{c['name']}: {c['detail']}" for c in docs if c["name"] in blocking)
-        _block(launch, docs, why)
-        return False
-    return True
+    return blocking
+
+
+def _why_blocked(docs: list[dict[str, Any]]) -> str:
+    """The blocking checks (as stored: masked) in one line, each with its node if it has one."""
+    return "; ".join(
+        f"{d['node'] + ' ' if d.get('node') else ''}{d['name']}: {d['detail']}"
+        for d in docs
+        if not d["passed"] and not d.get("override")
+    )
 
 
 def _block(launch: Launch, checks: list[dict[str, Any]], why: str) -> None:
@@ -567,9 +662,14 @@ def _block(launch: Launch, checks: list[dict[str, Any]], why: str) -> None:
         release(launch)
 
 
-def _start_remote(launch: Launch, conn: Any) -> agent.GroupStatus:
+def _start_remote(launch: Launch, conn: Any, interface: str = "") -> agent.GroupStatus:
+    """Start the launch's server on its node; ``interface``: the one a multi-node launch's
+    collectives use there, unless the revision's environment names its own."""
     revision = launch.revision
     env = plan.launch_env(dict(revision.env or {}), launch.gpus)
+    if interface:
+        for variable in node_group.INTERFACE_VARIABLES:
+            env.setdefault(variable, interface)
     args = args_of(launch)
     request = {
         "launch_id": launch.pk,
@@ -582,3 +682,229 @@ def _start_remote(launch: Launch, conn: Any) -> agent.GroupStatus:
         "run_as": launch.node.run_as_user,
     }
     return agent.start(conn, launch.remote_dir, launch.node.sglang_python, request)
+
+
+# --- one server over several nodes ---------------------------------------------------------------
+
+#: How long each other node tries node 0's store port (s), one after the other; node 0 listens
+#: until every one of them reached it, or this long for each and a few seconds more.
+REACH_TIMEOUT_S = 5.0
+REACH_SPARE_S = 3.0
+
+
+def _start_group(first: Launch) -> None:
+    """Pre-flight on every node, then the group's own checks (same SGLang and model everywhere,
+    a network they share, node 0's store reachable from each), then start node N − 1 … 1 and
+    node 0 last, each handed to its follower. One node refusing blocks them all."""
+    parts = list(first.parts.select_related("node", "revision__profile").order_by("node_rank"))
+    members = [first, *parts]
+    for part in parts:
+        launch_state.transition(
+            part.pk, LaunchStatus.PREFLIGHT, frm=[LaunchStatus.PENDING, LaunchStatus.PREFLIGHT]
+        )
+    found: dict[int, agent.Prepared] = {}
+    for member in members:
+        try:
+            found[member.pk] = _read_node(member)
+        except ssh.RemoteError as exc:
+            _unreachable_member(members, member, exc)
+            return
+    if all(found[m.pk].status.pid is not None for m in members):
+        statuses = {m.pk: found[m.pk].status for m in members}  # a worker restarted: adopt
+    else:
+        for member in members:  # a half-started group (its worker died): start all again
+            if found[member.pk].status.pid is not None:
+                teardown.stop_remote(member, grace=5)
+        meeting = _group_preflight(first, members, found)
+        if meeting is None:
+            return
+        try:
+            statuses = _start_members(members, meeting)
+        except _MemberFailed as failed:
+            _unreachable_member(members, failed.member, failed.error)
+            return
+    _starting(members, statuses)
+
+
+class _MemberFailed(Exception):
+    def __init__(self, member: Launch, error: ssh.RemoteError) -> None:
+        super().__init__(error.message)
+        self.member, self.error = member, error
+
+
+def _group_preflight(
+    first: Launch, members: list[Launch], found: dict[int, agent.Prepared]
+) -> node_group.Meeting | None:
+    """Every node's checks (each named by its node) and the group's; stored on every part and,
+    all of them, on node 0's launch. The meeting point, or None when a check blocked them all."""
+    own: dict[int, list[plan.Check]] = {}
+    reports: dict[int, BudgetReport] = {}
+    for member in members:
+        checks, reports[member.pk] = preflight(member, found[member.pk])
+        for check in checks:
+            check.node = member.node.name
+        own[member.pk] = checks
+    shared, meeting = _group_checks(first, members, found)
+    shared = plan.apply_overrides(shared, dict(first.overrides))
+    everything = [c for m in members for c in own[m.pk]] + shared
+    args, env = list(first.revision.args), dict(first.revision.env or {})
+    for part in members[1:]:
+        docs = masked([c.to_json() for c in own[part.pk]], args, env)
+        Launch.objects.filter(pk=part.pk).update(checks=docs, estimate=_estimate(reports[part.pk]))
+    docs = masked([c.to_json() for c in everything], args, env)
+    estimate = _estimate(reports[first.pk])
+    Launch.objects.filter(pk=first.pk).update(checks=docs, estimate=estimate)
+    first.checks = docs
+    if _audited_blocking(first, everything, docs, estimate["warnings"]) or meeting is None:
+        _block_group(members, docs, _why_blocked(docs) or "the nodes share no network")
+        return None
+    return meeting
+
+
+def _group_checks(
+    first: Launch, members: list[Launch], found: dict[int, agent.Prepared]
+) -> tuple[list[plan.Check], node_group.Meeting | None]:
+    """What only the group can show: the same SGLang and model on every node, the network they
+    meet on, and node 0's store port reached from every other node (tried from there)."""
+    facts = {m.pk: found[m.pk].facts for m in members}
+    versions = [(m.node.name, getattr(facts[m.pk], "sglang_version", None)) for m in members]
+    checks = [node_group.check_versions(versions)]
+    flags = flags_for(first.revision, first.node, first.port)
+    model_path = str(flags.get("model_path", default="") or "")
+    if model_readings.local_folder(model_path):
+        configs = [(m.node.name, _config_hash(m)) for m in members]
+        checks.append(node_group.check_same_model(model_path, configs))
+    nodes = [
+        node_group.GroupNode(
+            m.node.name,
+            tuple(
+                node_group.Interface(name, address)
+                for name, address in getattr(facts[m.pk], "interfaces", ())
+            ),
+        )
+        for m in members
+    ]
+    network, meeting = node_group.check_network(flags, nodes, flags.env)
+    checks.append(network)
+    if meeting is not None:
+        checks += _reach_checks(members, meeting)
+    for check in checks:
+        check.node = check.node or ""
+    return checks, meeting
+
+
+def _config_hash(launch: Launch) -> str | None:
+    """A digest of the model's config.json as pre-flight just stored it for the launch's node."""
+    config = model_readings.stored_answer(launch.node, list(launch.revision.args)).get("config")
+    if not isinstance(config, dict):
+        return None
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()
+
+
+def _reach_checks(members: list[Launch], meeting: node_group.Meeting) -> list[plan.Check]:
+    """Node 0 listens on the store's port for a moment; every other node tries to reach it
+    there, from its own side of the network (what its ranks will do)."""
+    first = members[0]
+    window = REACH_TIMEOUT_S * (len(members) - 1) + REACH_SPARE_S
+    try:
+        with ssh.pool.session(target_for(first.node)) as conn:
+            opened = agent.listen(conn, meeting.port, window, len(members) - 1)
+    except ssh.RemoteError as exc:
+        return [plan.Check("dist_init", False, f"{exc.message}", node=first.node.name)]
+    if not opened.listening:
+        return [
+            plan.Check(
+                "dist_init",
+                False,
+                f"port {meeting.port} cannot be opened on {first.node.name}: {opened.error}",
+                node=first.node.name,
+            )
+        ]
+    checks = []
+    for part in members[1:]:
+        try:
+            with ssh.pool.session(target_for(part.node)) as conn:
+                tried = agent.reach(conn, meeting.host, meeting.port, REACH_TIMEOUT_S)
+            reached, error = tried.reached, tried.error
+        except ssh.RemoteError as exc:
+            reached, error = False, exc.message
+        checks.append(node_group.check_reach(part.node.name, meeting.address, reached, error))
+    if not all(c.passed for c in checks):
+        _until_closed(first, meeting.port, window)
+    return checks
+
+
+def _until_closed(first: Launch, port: int, window: float) -> None:
+    """Wait (at most ``window`` s and a little) until node 0's listener left the store's port:
+    a launch forced past a failed reach must find the port free for its own store."""
+    deadline = time.monotonic() + window + REACH_SPARE_S
+    with ssh.pool.session(target_for(first.node)) as conn:
+        while time.monotonic() < deadline and port in agent.preflight(conn, "", [port]).listening:
+            time.sleep(0.5)
+
+
+def _start_members(
+    members: list[Launch], meeting: node_group.Meeting
+) -> dict[int, agent.GroupStatus]:
+    """Start every node's ranks, node 0 last (its store waits for the others' ranks), with
+    ``--node-rank`` and ``--dist-init-addr``; the interface the nodes meet on for NCCL and Gloo
+    unless the environment names one. Raises ``_MemberFailed`` (the started ones stopped)."""
+    Launch.objects.filter(pk__in=[m.pk for m in members]).update(dist_init_addr=meeting.address)
+    statuses: dict[int, agent.GroupStatus] = {}
+    for member in reversed(members):
+        member.dist_init_addr = meeting.address
+        interface = meeting.interfaces.get(member.node.name, "")
+        try:
+            with ssh.pool.session(target_for(member.node)) as conn:
+                statuses[member.pk] = _start_remote(member, conn, interface)
+        except ssh.RemoteError as exc:
+            for started in members:
+                if started.pk in statuses:
+                    with contextlib.suppress(ssh.RemoteError):
+                        teardown.stop_remote(started, grace=5)
+            raise _MemberFailed(member, exc) from None
+    return statuses
+
+
+def _starting(members: list[Launch], statuses: dict[int, agent.GroupStatus]) -> None:
+    """Every node's part is ``starting`` and followed on its node; a part stopped meanwhile
+    stops the lot."""
+    moved = []
+    for member in members:
+        status = statuses[member.pk]
+        moved.append(
+            launch_state.transition(
+                member.pk,
+                LaunchStatus.STARTING,
+                frm=[LaunchStatus.PREFLIGHT],
+                pid=status.pid,
+                pgid=status.pgid,
+                remote_dir=status.dir or member.remote_dir,
+                started=timezone.now(),
+                worker_token="",
+                worker_beat=None,
+            )
+        )
+    if all(moved):
+        for member in members:
+            later("nodes.follow_launch", member.pk)
+        return
+    for member, went in zip(members, moved, strict=True):  # stopped while starting
+        with contextlib.suppress(ssh.RemoteError):
+            teardown.stop_remote(member)
+        if went:
+            teardown.fail(member.pk, "another node of the launch was stopped while starting")
+
+
+def _unreachable_member(members: list[Launch], member: Launch, exc: ssh.RemoteError) -> None:
+    failed = plan.Check("reachable", False, exc.message, node=member.node.name)
+    first = members[0]
+    _block_group(members, [*first.checks, failed.to_json()], f"{member.node.name}: {exc.message}")
+
+
+def _block_group(members: list[Launch], checks: list[dict[str, Any]], why: str) -> None:
+    """Pre-flight refused the group: every node's part ``blocked`` (node 0's with every check)."""
+    first, parts = members[0], members[1:]
+    _block(first, checks, why)
+    for part in parts:
+        _block(part, list(Launch.objects.get(pk=part.pk).checks or []), why)

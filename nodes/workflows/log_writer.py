@@ -59,12 +59,29 @@ class Batch:
 
 class LogWriter:
     """Commits ``Batch``es for launch ``launch_id`` under lease ``token``, from stored byte
-    ``offset``. ``threaded=False`` commits in ``put`` itself (one caller, one connection)."""
+    ``offset``. ``threaded=False`` commits in ``put`` itself (one caller, one connection).
 
-    def __init__(self, launch_id: int, token: str, offset: int, *, threaded: bool = True) -> None:
+    ``group_id``: the lines are one node's of a multi-node launch, stored in the group's one log
+    (``group_id``'s lines, tagged ``node``) beside the other nodes' followers'. Their numbers are
+    then taken from the group's ``last_seq`` in the commit itself (the row's lock orders the
+    writers), so they are published after it, with those numbers; ``seq`` in the batch's rows is
+    ignored."""
+
+    def __init__(
+        self,
+        launch_id: int,
+        token: str,
+        offset: int,
+        *,
+        threaded: bool = True,
+        group_id: int | None = None,
+        node: str = "",
+    ) -> None:
         self.launch_id = launch_id
         self.token = token
         self.offset = offset
+        self.group_id = group_id
+        self.node = node
         self._error: BaseException | None = None
         #: When a commit last renewed the lease (monotonic s; -inf: never).
         self.renewed = float("-inf")
@@ -141,6 +158,9 @@ class LogWriter:
             connection.close()  # this thread's own connection
 
     def _commit(self, batches: list[Batch]) -> None:
+        if self.group_id is not None:
+            self._commit_to_group(batches, self.group_id)
+            return
         rows = [row for batch in batches for row in batch.rows]
         size = sum(batch.size for batch in batches)
         progress = next((b.progress for b in reversed(batches) if b.progress is not None), None)
@@ -175,13 +195,51 @@ class LogWriter:
         if rows and not all(batch.announced for batch in batches):
             publish(self.launch_id, rows[-1][0])
 
-    def _trim(self, last: int) -> int:
+    def _commit_to_group(self, batches: list[Batch], group_id: int) -> None:
+        """One node's lines into the group's log: this launch's offset moved under its lease,
+        the lines numbered on from the group's last one, then published with those numbers."""
+        texts = [row[1:] for batch in batches for row in batch.rows]
+        size = sum(batch.size for batch in batches)
+        progress = next((b.progress for b in reversed(batches) if b.progress is not None), None)
+        fields: dict[str, Any] = {"log_offset": self.offset + size, "worker_beat": timezone.now()}
+        if progress is not None:
+            fields["progress"] = progress
+        rows: list[tuple[int, str, int, str, str]] = []
+        with transaction.atomic():
+            if not Launch.objects.filter(
+                pk=self.launch_id, worker_token=self.token, log_offset=self.offset
+            ).update(**fields):
+                raise LeaseLost
+            if texts:
+                # The UPDATE locks the group's row until the commit: the next writer numbers on
+                # from these lines, and finds them stored.
+                Launch.objects.filter(pk=group_id).update(last_seq=F("last_seq") + len(texts))
+                last = Launch.objects.values_list("last_seq", flat=True).get(pk=group_id)
+                first = last - len(texts) + 1
+                rows = [(first + i, t, lv, r, self.node) for i, (t, lv, r) in enumerate(texts)]
+                stamp = _TIME.get_db_prep_value(timezone.now(), connection)
+                with connection.cursor() as cursor:
+                    cursor.executemany(
+                        _insert_sql(_GROUP_COLUMNS),
+                        [(group_id, s, t, stamp, lv, r, n) for s, t, lv, r, n in rows],
+                    )
+                dropped = self._trim(last, group_id)
+                if dropped:
+                    Launch.objects.filter(pk=group_id).update(
+                        lines_dropped=F("lines_dropped") + dropped
+                    )
+        self.offset += size
+        self.renewed = time.monotonic()
+        if rows:
+            publish(group_id, rows[-1][0], rows)
+
+    def _trim(self, last: int, launch_id: int | None = None) -> int:
         """Drop the oldest lines past ``RANKWISE_LOG_LINES_MAX`` (the head kept); how many."""
         keep = settings.RANKWISE_LOG_LINES_MAX
         if last <= keep:
             return 0
         deleted, _ = LaunchLogLine.objects.filter(
-            launch_id=self.launch_id,
+            launch_id=launch_id or self.launch_id,
             seq__gt=HEAD_LINES_KEPT,
             seq__lte=last - (keep - HEAD_LINES_KEPT),
         ).delete()
@@ -190,12 +248,13 @@ class LogWriter:
 
 _TIME = LaunchLogLine._meta.get_field("time")
 _COLUMNS = ("launch", "seq", "text", "time", "level", "rank")
+_GROUP_COLUMNS = (*_COLUMNS, "node")
 
 
-def _insert_sql() -> str:
-    """``INSERT`` of one log line, columns in ``_COLUMNS``' order, as this database quotes."""
+def _insert_sql(names: tuple[str, ...] = _COLUMNS) -> str:
+    """``INSERT`` of one log line, columns in ``names``' order, as this database quotes."""
     meta, quote = LaunchLogLine._meta, connection.ops.quote_name
     column = {field.name: field.column for field in meta.concrete_fields}
-    columns = ", ".join(quote(column[name]) for name in _COLUMNS)
-    marks = ", ".join(["%s"] * len(_COLUMNS))
+    columns = ", ".join(quote(column[name]) for name in names)
+    marks = ", ".join(["%s"] * len(names))
     return f"INSERT INTO {quote(meta.db_table)} ({columns}) VALUES ({marks})"

@@ -5,6 +5,8 @@
 // Last-Event-ID, so the server resumes after the last line received). Scrolling up pauses the
 // window; "Follow live" returns to the end and says how many lines arrived meanwhile. Search,
 // filters and "go to line" are answered by the server over the whole stored log.
+// A row is [seq, text, level, rank, node]: node names the node that printed the line in a
+// multi-node launch ("" on one node; rows from an older server have no fifth field).
 (function () {
   const log = document.getElementById("launch-log");
   if (!log) return;
@@ -16,6 +18,8 @@
   const status = $("log-status");
   const followButton = $("log-follow");
   const matchesLabel = $("log-matches");
+  const nodeSelect = $("log-node"); // only on a launch over several nodes
+  const nodeWanted = () => (nodeSelect ? nodeSelect.value : "");
   // The diagnosis names its evidence by line number (and may arrive after the page did).
   let evidence = new Set();
   function readEvidence() {
@@ -51,33 +55,43 @@
     if (level === "evidence") params.set("evidence", "1");
     else if (level) params.set("level", level);
     if ($("log-rank").value) params.set("rank", $("log-rank").value);
+    if (nodeWanted()) params.set("node", nodeWanted());
     return params;
   }
   function wanted(row) {
-    const [seq, , level, rank] = row;
+    const [seq, , level, rank, node] = row;
     const want = $("log-level").value;
     if (want === "evidence" && !evidence.has(seq)) return false;
     if (want === "warning" && level < 1) return false;
     if (want === "error" && level < 2) return false;
     const r = $("log-rank").value;
-    return !r || r === rank;
+    const n = nodeWanted();
+    return (!r || r === rank) && (!n || n === (node || ""));
   }
   function collapsing() {
     return $("log-collapse").checked;
   }
 
   // --- rendering -------------------------------------------------------------------------------
+  // A line's span: its node's tag (a multi-node launch's), then its text, marked where it
+  // matches the search.
   function fill(span, text) {
     span.textContent = "";
+    if (span.dataset.node) {
+      const tag = document.createElement("span");
+      tag.className = "node-tag";
+      tag.textContent = span.dataset.node;
+      span.append(tag);
+    }
     if (!query) {
-      span.textContent = text + "\n";
+      span.append(text + "\n");
       return;
     }
     const lower = text.toLowerCase();
     const needle = query.toLowerCase();
     if (lower.length !== text.length) {
       // Lower-casing changed the length (some Unicode letters): marks would land astray.
-      span.textContent = text + "\n";
+      span.append(text + "\n");
       return;
     }
     let at = 0;
@@ -90,12 +104,22 @@
     }
     span.append(text.slice(at) + "\n");
   }
+  // A line's text as printed, without its node's tag.
+  function textOf(span) {
+    let text = "";
+    for (const child of span.childNodes) {
+      if (child.nodeType === 1 && child.classList.contains("node-tag")) continue;
+      text += child.textContent;
+    }
+    return text.replace(/\n$/, "");
+  }
   function line(row) {
-    const [seq, text, level] = row;
+    const [seq, text, level, , node] = row;
     const span = document.createElement("span");
     span.dataset.seq = seq;
     span.id = `line-${seq}`;
     if (level) span.dataset.level = level;
+    if (node) span.dataset.node = node;
     if (evidence.has(seq)) span.classList.add("evidence");
     span.dataset.decode = DECODE.test(text) ? "1" : "";
     fill(span, text);
@@ -118,7 +142,7 @@
     const where = n === 1 ? `line ${end.toLocaleString()}` : `lines ${first.toLocaleString()}–${end.toLocaleString()}`;
     details.firstChild.textContent =
       `${n.toLocaleString()} decode-batch line${n === 1 ? "" : "s"} (${where}), latest: ` +
-      latest.textContent.trim();
+      textOf(latest).trim();
   }
   const isGroup = (node) => Boolean(node && node.classList && node.classList.contains("decode-group"));
   const isDecode = (node) => Boolean(node && (isGroup(node) || node.dataset.decode));
@@ -169,7 +193,7 @@
       emptyNote = null;
       return;
     }
-    const filtered = $("log-level").value || $("log-rank").value;
+    const filtered = $("log-level").value || $("log-rank").value || nodeWanted();
     const words = filtered ? "No lines match these filters." : live ? "No lines yet." : "The server printed no lines.";
     if (!emptyNote) {
       emptyNote = document.createElement("span");
@@ -394,8 +418,9 @@
   // A filter changes what a search finds: an active search is asked again with it (and, when
   // it finds nothing now, the window shows what the filter keeps).
   let refiltered = false;
-  for (const id of ["log-level", "log-rank", "log-collapse"]) {
-    $(id).addEventListener("change", () => {
+  for (const select of [$("log-level"), $("log-rank"), nodeSelect, $("log-collapse")]) {
+    if (!select) continue;
+    select.addEventListener("change", () => {
       refiltered = Boolean(query);
       if (refiltered) $("log-search").requestSubmit();
       else toTail();
@@ -453,7 +478,7 @@
     showMatches();
     if (matches.length) step(1);
     else if (refiltered) toTail();
-    else for (const span of log.querySelectorAll("span[data-seq]")) fill(span, span.textContent.slice(0, -1));
+    else for (const span of log.querySelectorAll("span[data-seq]")) fill(span, textOf(span));
     refiltered = false;
   });
   // Matches come 200 at a time: stepping past the last one fetches the next ones.
@@ -580,7 +605,7 @@
   // The page came with its last lines as plain text; shown again through the one renderer.
   replace(
     [...log.querySelectorAll("span[data-seq]")].map((s) => [
-      Number(s.dataset.seq), s.textContent.replace(/\n$/, ""), Number(s.dataset.level || 0), "",
+      Number(s.dataset.seq), textOf(s), Number(s.dataset.level || 0), "", s.dataset.node || "",
     ]),
     { more_before: log.dataset.moreBefore === "true", more_after: false },
   );

@@ -28,9 +28,13 @@ def test_ranks_on_one_node(values, ranks):
     assert plan.ranks_needed(flags(**values)) == ranks
 
 
-def test_multi_node_commands_are_refused_for_now():
-    with pytest.raises(plan.PlanError, match="multi-node"):
-        plan.ranks_needed(flags(tp_size=16, nnodes=2))
+def test_a_multi_node_command_needs_its_share_of_ranks_on_each_node():
+    assert plan.ranks_needed(flags(tp_size=16, nnodes=2)) == 8
+    assert plan.ranks_needed(flags(tp_size=8, pp_size=2, nnodes=4)) == 4
+    with pytest.raises(plan.PlanError, match="not divisible by --nnodes 3"):
+        plan.ranks_needed(flags(tp_size=16, nnodes=3))
+    with pytest.raises(plan.PlanError, match="one node only"):
+        plan.ranks_needed(flags(tp_size=8, dp_size=2, nnodes=2))
 
 
 def test_ports_include_the_derived_ones():

@@ -1,6 +1,6 @@
 """The log viewer's reads (issue 21, item 1): windows of stored lines by sequence number, filters
-by level, rank and the diagnosis's evidence, search over the whole log; bad input is a 400 that
-says what is taken."""
+by level, rank, node (a multi-node launch's, issue 22) and the diagnosis's evidence, search over the
+whole log; bad input is a 400 that says what is taken."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from django.urls import reverse
 from nodes.domain.log_lines import level_of, rank_of
 from nodes.models import LaunchLogLine
 from nodes.models.choices import LaunchStatus
+from nodes.services import log_view
+from tests.factories import make_node
 from tests.launches.test_views_launches import make_launch, node, revision  # noqa: F401
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -117,6 +119,12 @@ def test_search_over_the_whole_log_counts_and_lists_matches(viewer_client, long_
         ("nodes:launch-lines", {"rank": "T" * 40}, "rank is a prefix such as TP3"),
         ("nodes:launch-lines", {"rank": "TP1\x00"}, "rank is a prefix such as TP3"),
         ("nodes:launch-lines", {"evidence": "yes"}, "evidence is 1 or 0"),
+        ("nodes:launch-lines", {"node": "n" * 65}, "node is a node's name (at most 64 characters)"),
+        (
+            "nodes:launch-search",
+            {"q": "ab", "node": "gpu\x00"},
+            "node is a node's name (at most 64 characters)",
+        ),  # fmt: skip
     ],
 )
 def test_bad_viewer_input_is_a_clear_400(viewer_client, long_log, where, query, said):
@@ -163,6 +171,8 @@ def test_the_page_opens_with_the_last_thousand_lines_and_the_ranks(viewer_client
     assert page.count('<span data-seq="') == 1000 and 'id="line-10000"' in page
     assert 'id="line-9000"' not in page and 'data-more-before="true"' in page
     assert "<option>TP0</option><option>TP1</option><option>TP2</option>" in page
+    # One node: no Node select, no node tags.
+    assert 'id="log-node"' not in page and "node-tag" not in page
 
 
 def test_a_window_before_the_end_knows_nothing_follows(viewer_client, long_log):
@@ -262,3 +272,78 @@ def test_a_stream_ends_once_its_launch_is_hidden_from_the_reader(long_log, panel
     hidden = time.monotonic()
     rest = [e.name for e in stream]
     assert "end" not in rest and time.monotonic() - hidden < RECHECK_S + 5
+
+
+@pytest.fixture
+def group_log(node, revision):  # noqa: F811
+    """A launch over three nodes (gpu-01 is node 0; the parts were made out of order): its 30
+    lines, printed in turn by gpu-01, gpu-02 and gpu-03, stored on the group's launch."""
+    primary = make_launch(revision, node, status=LaunchStatus.STOPPED, last_seq=30,
+                          log_complete=True)  # fmt: skip
+    make_launch(revision, make_node("gpu-03"), group=primary, node_rank=2)
+    make_launch(revision, make_node("gpu-02"), group=primary, node_rank=1)
+    names = ["gpu-01", "gpu-02", "gpu-03"]
+    LaunchLogLine.objects.bulk_create(
+        LaunchLogLine(launch=primary, seq=i, text=t, level=level_of(t), rank=rank_of(t), node=n)
+        for i in range(1, 31)
+        for n in [names[(i - 1) % 3]]
+        for t in [
+            f"[2026-01-01 00:00:00 TP{(i - 1) % 3 * 2}] "
+            + (f"RuntimeError: {n} gave up" if i % 10 == 0 else f"line {i}")
+        ]
+    )
+    return primary
+
+
+def test_a_multi_node_launchs_rows_carry_their_node_and_filter_by_it(viewer_client, group_log):
+    assert log_view.nodes(group_log) == ["gpu-01", "gpu-02", "gpu-03"]
+    first = _lines(viewer_client, group_log, "?after=0&limit=4")["lines"]
+    assert first == [
+        [1, "[2026-01-01 00:00:00 TP0] line 1", 0, "TP0", "gpu-01"],
+        [2, "[2026-01-01 00:00:00 TP2] line 2", 0, "TP2", "gpu-02"],
+        [3, "[2026-01-01 00:00:00 TP4] line 3", 0, "TP4", "gpu-03"],
+        [4, "[2026-01-01 00:00:00 TP0] line 4", 0, "TP0", "gpu-01"],
+    ]
+    on_b = _lines(viewer_client, group_log, "?node=gpu-02")["lines"]
+    assert [r[0] for r in on_b] == list(range(2, 31, 3)) and {r[4] for r in on_b} == {"gpu-02"}
+    assert _lines(viewer_client, group_log, "?node=gpu-02&rank=TP0")["lines"] == []
+    errors = _lines(viewer_client, group_log, "?node=gpu-03&level=error")["lines"]
+    assert [r[0] for r in errors] == [30]
+    assert _lines(viewer_client, group_log, "?node=gpu-09")["lines"] == []
+    search = reverse("nodes:launch-search", args=[group_log.pk])
+    found = viewer_client.get(search, {"q": "gave up", "node": "gpu-01"}).json()
+    assert [m[0] for m in found["matches"]] == [10] and found["matches"][0][4] == "gpu-01"
+    assert viewer_client.get(search, {"q": "gave up"}).json()["count"] == 3
+
+
+def test_a_multi_node_download_names_each_lines_node(viewer_client, group_log, long_log):
+    download = viewer_client.get(reverse("nodes:launch-log", args=[group_log.pk]))
+    text = b"".join(download.streaming_content).decode().splitlines()
+    assert text[:3] == [
+        "[gpu-01] [2026-01-01 00:00:00 TP0] line 1",
+        "[gpu-02] [2026-01-01 00:00:00 TP2] line 2",
+        "[gpu-03] [2026-01-01 00:00:00 TP4] line 3",
+    ]
+    assert (
+        len(text) == 30
+        and text[-1] == "[gpu-03] [2026-01-01 00:00:00 TP4] RuntimeError: gpu-03 gave up"
+    )
+    one = viewer_client.get(reverse("nodes:launch-log", args=[long_log.pk]))
+    assert b"".join(one.streaming_content).startswith(b"[2026-01-01 00:00:00 TP1] line 1\n")
+
+
+def test_the_page_of_a_multi_node_launch_offers_its_nodes_and_tags_each_line(
+    viewer_client, group_log
+):
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[group_log.pk])).content.decode()
+    assert (
+        '<select id="log-node"><option value="">all</option><option>gpu-01</option>'
+        "<option>gpu-02</option><option>gpu-03</option></select>"
+    ) in page
+    assert (
+        '<span data-seq="2" id="line-2" data-node="gpu-02"><span class="node-tag">gpu-02</span>'
+        "[2026-01-01 00:00:00 TP2] line 2\n</span>"
+    ) in page
+    # A part's own page: its lines are the group's, so it offers no nodes of its own.
+    part = group_log.parts.get(node_rank=1)
+    assert log_view.nodes(part) == []

@@ -1,4 +1,4 @@
-"""``manage.py launch --node NAME [--gpus 0,1] (--profile NAME[@REV] | -- COMMAND...)
+"""``manage.py launch --node NAME[,NAME…] [--gpus 0,1] (--profile NAME[@REV] | -- COMMAND...)
 [--override CHECK --reason TEXT]... [--wait ready|end] [--timeout S] [--json]``.
 
 The launch goes through the Celery workers, as from the panel; this command always waits for
@@ -7,7 +7,9 @@ is what ``--override`` takes) or the input is unusable; without ``--wait``, 0 on
 passed and the server is starting; ``--wait ready``: 0 once the ready line is stored and health
 answered, 1 if the launch fails or ``--timeout`` (its start-up timeout) passes; ``--wait end``:
 0 when it was stopped cleanly, 1 when it failed. With ``--json`` stdout holds only
-``{"id", "status", "reason", …}``.
+``{"id", "status", "reason", …}``. A multi-node launch (``--nnodes N`` in the command) names
+its N nodes, node 0 first (``--node a,b``); its JSON lists ``nodes`` and every check carries
+the ``node`` it was made on.
 """
 
 from __future__ import annotations
@@ -40,10 +42,28 @@ def parse_gpus(text: str) -> list[int]:
         raise CommandError(f"--gpus {exc}", returncode=2) from None
 
 
+def nodes_named(text: str) -> list[Node]:
+    """``--node a`` or, for a multi-node launch, ``--node a,b`` (node 0 first); raises
+    ``CommandError`` for a name with no node."""
+    names = [n.strip() for n in text.split(",")]
+    if any(not n for n in names):
+        raise CommandError(f"--node {text!r}: expected NAME or NAME,NAME,… (node 0 first)", 2)
+    found = {n.name: n for n in Node.objects.filter(name__in=names)}
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise CommandError(f"no node named {missing[0]!r}", returncode=2)
+    return [found[n] for n in names]
+
+
 def launch_json(launch: Launch) -> dict[str, Any]:
     doc = launch.summary()
     doc["checks"] = [
-        {"name": c.get("name"), "passed": bool(c.get("passed")), "detail": c.get("detail", "")}
+        {
+            "name": c.get("name"),
+            "passed": bool(c.get("passed")),
+            "detail": c.get("detail", ""),
+            **({"node": c["node"]} if c.get("node") else {}),
+        }
         for c in launch.checks or []
     ]
     doc["overrides"] = dict(launch.overrides or {})
@@ -56,7 +76,9 @@ class Command(OneLineCommand):
     help = "Launch an SGLang server on a node (pre-flight, start, optionally wait)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--node", required=True)
+        parser.add_argument(
+            "--node", required=True, help="NAME, or NAME,NAME,… for a multi-node launch"
+        )
         parser.add_argument("--gpus", help="GPU indexes, e.g. 0,1 (default: the first free)")
         parser.add_argument("--profile", help="NAME or NAME@REVISION (default: latest)")
         parser.add_argument(
@@ -79,9 +101,8 @@ class Command(OneLineCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         self.as_json = options["json"]
         actor = resolve_actor(options["actor"], Role.OPERATOR)
-        node = Node.objects.filter(name=options["node"]).first()
-        if node is None:
-            raise CommandError(f"no node named {options['node']!r}", returncode=2)
+        group = nodes_named(options["node"])
+        node = group[0]
         command = [w for w in options["command"] if w != "--"] if options["command"] else []
         if bool(command) == bool(options["profile"]):
             raise CommandError("give either --profile NAME[@REV] or -- COMMAND", returncode=2)
@@ -108,12 +129,18 @@ class Command(OneLineCommand):
                 overrides=dict(zip(options["override"], options["reason"], strict=True)),
                 timeout_s=math.ceil(timeout) if timeout else None,
                 port=options["port"],
+                nodes=group if len(group) > 1 else (),
             )
         except launching.LaunchInputError as exc:
             raise CommandError(str(exc), returncode=2) from None
         except QueueUnavailable as exc:
             raise CommandError(f"{exc}; nothing was started") from None
-        self.note(f"launch #{launch.pk}: {launch.revision} on {node.name}, GPU {launch.gpu_list()}")
+        for part in [launch, *launch.parts.select_related("node").order_by("node_rank")]:
+            self.note(
+                f"launch #{launch.pk}: {launch.revision} on {part.node.name}"
+                + (f" (node rank {part.node_rank})" if len(group) > 1 else "")
+                + f", GPU {part.gpu_list()}"
+            )
         launch = self.wait(
             launch,
             lambda s: s not in (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT),

@@ -1,0 +1,186 @@
+"""One server over two simulated nodes (issue 22), as an operator runs it: the CLI through real
+Celery workers, pre-flight on every node (each check named by its node), the nodes started
+together, one log with both nodes' lines, stop on both, and the failures that name the node."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from nodes.models import Launch
+from nodes.models.choices import LaunchStatus
+from nodes.workflows import discovery
+from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
+from tests.factories import make_user
+from tests.fleet import bring_up, simfleet, wait_until
+from tests.launching import sglang_processes, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SERVER = ["python3", "-m", "sglang.launch_server"]
+KIMI = ["--model-path", "/srv/models/kimi-k2", "--tp", "16", "--nnodes", "2"]
+QWEN = ["--model-path", "/srv/models/qwen2.5-7b", "--tp", "4", "--nnodes", "2"]
+
+
+@pytest.fixture(scope="module")
+def pair_fleet(tmp_path_factory):
+    """Two 8-GPU nodes like the incident's, on one fabric."""
+    state = str(tmp_path_factory.mktemp("pair-fleet"))
+    node = {"gpus": 8, "gpu_memory": "141GiB", "host_ram": "449GB", "speed": 8}
+    try:
+        yield bring_up(state, {"nodes": [{"name": n, **node} for n in ("pa", "pb")]})
+    finally:
+        simfleet("down", "--state", state, check=False)
+
+
+@pytest.fixture
+def pair(pair_fleet):
+    nodes = []
+    for name in ("pa", "pb"):
+        sim = pair_fleet[name]
+        sim.reboot()
+        node = register_sim_node(sim)
+        discovery.discover(node.pk)
+        node.refresh_from_db()
+        node.sim = sim
+        nodes.append(node)
+    make_user("olga", "operator")
+    return nodes
+
+
+@pytest.fixture
+def cli(settings):
+    def run(*args: str, timeout: float = 400) -> subprocess.CompletedProcess[str]:
+        return manage_py(settings, *args, env={"REDIS_URL": TEST_REDIS_URL}, timeout=timeout)
+
+    return run
+
+
+def _launch(cli, nodes: str, *flags: str, extra: tuple[str, ...] = ()) -> dict:
+    done = cli("launch", "--node", nodes, "--actor", "olga", "--json", *extra, "--", *SERVER, *flags)
+    assert done.stdout, done.stderr
+    doc = json.loads(done.stdout)
+    doc["returncode"] = done.returncode
+    return doc
+
+
+def _failed(doc: dict) -> list[tuple[str, str]]:
+    return [(c["name"], c.get("node", "")) for c in doc["checks"] if not c["passed"]]
+
+
+def test_kimi_k2_over_two_nodes_reaches_ready_and_stop_leaves_nothing(cli, pair, launch_workers):
+    a, b = pair
+    doc = _launch(cli, "pa,pb", *KIMI, extra=("--wait", "ready"))
+    assert doc["returncode"] == 0 and doc["status"] == "ready", doc
+    assert [n["node"] for n in doc["nodes"]] == ["pa", "pb"]
+    assert doc["dist_init_addr"] == f"{a.sim.fabric['address']}:5000"
+    # Every check is named by its node, or is the group's own (versions, network, the store).
+    assert {c.get("node") for c in doc["checks"]} >= {"pa", "pb"}
+    assert {"network", "dist_init", "sglang"} <= {c["name"] for c in doc["checks"]}
+    launch = Launch.objects.get(pk=doc["id"])
+    part = launch.parts.get()
+    assert (part.node.name, part.node_rank, part.status) == ("pb", 1, LaunchStatus.READY)
+    assert len(part.gpus) == 8 and len(launch.gpus) == 8
+    # One log: both nodes' lines, each tagged with its node, ranks by their global number.
+    lines = launch.lines.order_by("seq")
+    assert {line.node for line in lines} == {"pa", "pb"}
+    assert lines.filter(node="pb", rank="TP15").exists()
+    assert lines.filter(node="pa", rank="TP0").exists()
+    assert not lines.filter(node="pa", rank="TP8").exists()
+
+    stopped = cli("stop", str(launch.pk), "--actor", "olga", "--json")
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert wait_for(launch, LaunchStatus.STOPPED) == LaunchStatus.STOPPED
+    assert wait_for(part, LaunchStatus.STOPPED) == LaunchStatus.STOPPED
+    assert sglang_processes(a.sim) == [] and sglang_processes(b.sim) == []
+    assert not launch.reservations.exists() and not part.reservations.exists()
+
+
+def test_preflight_names_the_node_whose_gpus_are_busy(cli, pair, launch_workers):
+    _, b = pair
+    simfleet("hold", "pb", "--gpu", "1", "--memory", "10GiB", "--state", b.sim.state)
+    try:
+        doc = _launch(cli, "pa,pb", *QWEN)
+    finally:
+        simfleet("release", "pb", "--state", b.sim.state)
+    assert doc["returncode"] == 2 and doc["status"] == "blocked", doc
+    assert ("gpus_idle", "pb") in _failed(doc)
+    assert "pb" in doc["reason"]
+    part = Launch.objects.get(pk=doc["id"]).parts.get()
+    assert part.status == LaunchStatus.BLOCKED and not part.reservations.exists()
+
+
+def test_preflight_names_the_node_without_the_model(cli, pair, launch_workers):
+    _, b = pair
+    b.sim.ok("mv /srv/models/qwen2.5-7b /srv/models/qwen-away")
+    try:
+        doc = _launch(cli, "pa,pb", *QWEN)
+    finally:
+        b.sim.ok("mv /srv/models/qwen-away /srv/models/qwen2.5-7b")
+    assert doc["returncode"] == 2 and doc["status"] == "blocked", doc
+    assert ("model_path", "pb") in _failed(doc)
+    assert ("model_path", "pa") not in _failed(doc)
+
+
+def test_preflight_refuses_a_store_port_node_1_cannot_reach(cli, pair, launch_workers):
+    _, b = pair
+    simfleet("link", "pb", "down", "--fabric", "--state", b.sim.state)
+    try:
+        doc = _launch(cli, "pa,pb", *QWEN)
+    finally:
+        simfleet("link", "pb", "up", "--fabric", "--state", b.sim.state)
+    assert doc["returncode"] == 2 and doc["status"] == "blocked", doc
+    assert ("dist_init", "pb") in _failed(doc)
+    reach = next(c for c in doc["checks"] if c["name"] == "dist_init")
+    assert "pb cannot reach" in reach["detail"] and ":5000" in reach["detail"]
+
+
+def test_forced_past_preflight_with_node_1_cut_off_it_fails_naming_node_1(
+    cli, pair, launch_workers
+):
+    a, b = pair
+    simfleet("link", "pb", "down", "--fabric", "--state", b.sim.state)
+    try:
+        doc = _launch(
+            cli,
+            "pa,pb",
+            *QWEN,
+            "--dist-timeout",
+            "40",
+            extra=("--override", "dist_init", "--reason", "testing", "--wait", "ready"),
+        )
+    finally:
+        simfleet("link", "pb", "up", "--fabric", "--state", b.sim.state)
+    assert doc["returncode"] == 1 and doc["status"] == "failed", doc
+    launch = Launch.objects.get(pk=doc["id"])
+    part = launch.parts.get()
+    assert wait_for(part, LaunchStatus.FAILED) == LaunchStatus.FAILED
+    assert wait_until(lambda: sglang_processes(a.sim) == [], 30), sglang_processes(a.sim)
+    assert wait_until(lambda: sglang_processes(b.sim) == [], 30), sglang_processes(b.sim)
+    launch.refresh_from_db()
+    assert wait_until(lambda: Launch.objects.get(pk=launch.pk).diagnosis, 60)
+    launch.refresh_from_db()
+    words = json.dumps(launch.diagnosis)
+    assert "pb" in words, launch.diagnosis
+
+
+def test_preflight_refuses_nodes_with_different_sglang(cli, sim_fleet, launch_workers):
+    for name in ("incident", "modern"):
+        sim = sim_fleet[name]
+        sim.reboot()
+        node = register_sim_node(sim)
+        discovery.discover(node.pk)
+    make_user("olga", "operator")
+    doc = _launch(cli, "incident,modern", *QWEN)
+    assert doc["returncode"] == 2 and doc["status"] == "blocked", doc
+    assert ("sglang", "modern") in _failed(doc)
+    version = next(c for c in doc["checks"] if c["name"] == "sglang" and not c["passed"])
+    assert "0.5.23" in version["detail"] and "0.5.9" in version["detail"]
+
+
+def test_a_multi_node_command_on_one_node_is_refused_with_what_to_do(cli, pair):
+    doc = cli("launch", "--node", "pa", "--actor", "olga", "--json", "--", *SERVER, *QWEN)
+    assert doc.returncode == 2
+    assert "name its 2 nodes" in doc.stderr + doc.stdout
+    assert not Launch.objects.exists()
