@@ -14,12 +14,13 @@ from nodes.domain.diagnosis import (
     host_memory,
     kv_pool,
     launch_settings,
+    multinode,
     nccl,
     ports,
     startup,
     vllm,
 )
-from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule
+from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule, group_of
 from nodes.domain.diagnosis.gpu_holders import (
     cleanup_leak,
     cleanup_survivors,
@@ -49,6 +50,12 @@ from nodes.domain.diagnosis.launch_settings import (
     model_not_found,
     tp_divisibility,
     tp_gpu_mapping,
+)
+from nodes.domain.diagnosis.multinode import (
+    locate,
+    parted_while_serving,
+    rank_died_in_init,
+    store_rendezvous,
 )
 from nodes.domain.diagnosis.nccl import (
     gloo_loopback,
@@ -92,7 +99,7 @@ def leaked_after_cleanup(bundle: Bundle) -> Diagnosis | None:
     if leak is None:
         return None
     before_cleanup = {**bundle.facts, "snapshots": bundle.facts["snapshots"][:-1]}
-    earlier = diagnose("\n".join(bundle.log.lines), before_cleanup, bundle.flags)
+    earlier = diagnose(bundle.log.source, before_cleanup, bundle.flags)
     return leak_diagnosis(leak, earlier)
 
 
@@ -105,7 +112,7 @@ def survivors_after_cleanup(bundle: Bundle) -> Diagnosis | None:
     if found is None:
         return None
     before_cleanup = {**bundle.facts, "snapshots": bundle.facts["snapshots"][:-1]}
-    earlier = diagnose("\n".join(bundle.log.lines), before_cleanup, bundle.flags)
+    earlier = diagnose(bundle.log.source, before_cleanup, bundle.flags)
     return survivors_diagnosis(bundle, found, earlier)
 
 
@@ -126,6 +133,8 @@ RULES: Sequence[Rule] = (
     startup_timeout,
     engine_ready_timeout,
     router_timeout,
+    store_rendezvous,
+    rank_died_in_init,
     nccl_init_hang,
     nccl_shm,
     shm_insufficient,
@@ -148,6 +157,7 @@ RULES: Sequence[Rule] = (
     kv_pool_exhausted,
     killed_while_starting,
     served_then_gpu_oom,
+    parted_while_serving,
     served_then_failed,
     gpu_held_hidden,
     served_then_killed,
@@ -163,6 +173,7 @@ _RECOGNISES: Mapping[Rule, tuple[str, re.Pattern[str]]] = {
     **host_memory.RECOGNISES,
     **kv_pool.RECOGNISES,
     **launch_settings.RECOGNISES,
+    **multinode.RECOGNISES,
     **nccl.RECOGNISES,
     **ports.RECOGNISES,
     **startup.RECOGNISES,
@@ -230,6 +241,20 @@ def engine_of(facts: Mapping[str, Any]) -> str:
     return "vllm" if Bundle(Log(""), facts, {}).vllm else "sglang"
 
 
+def _clean_group(facts: dict[str, Any]) -> dict[str, Any]:
+    """``facts`` with each node of ``extra.group`` (a multi-node bundle's nodes) holding its
+    snapshots in the shape the rules read, as ``_clean`` leaves the top-level ones."""
+    extra = facts.get("extra")
+    group = extra.get("group") if isinstance(extra, dict) else None
+    if isinstance(extra, dict) and isinstance(group, list):
+        extra["group"] = [
+            {**entry, "snapshots": _clean(entry.get("snapshots"), "snapshots")}
+            for entry in group
+            if isinstance(entry, Mapping)
+        ]
+    return facts
+
+
 def _clean(value: Any, key: str = "") -> Any:
     """``facts`` in the shape the rules read: a wrong-typed or ``None`` entry becomes absent
     (``None``, ``{}``, ``[]``), so no rule has to guard against it."""
@@ -260,9 +285,10 @@ def _clean(value: Any, key: str = "") -> Any:
 def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) -> Diagnosis:
     """The diagnosis of one bundle. ``flags`` are the command's values by dest, as the node's
     SGLang version parses them (``sglang_flags.parse_command(...).values``); never raises."""
+    cleaned = _clean_group(_clean(facts if isinstance(facts, Mapping) else {}))
     bundle = Bundle(
-        Log(log_text if isinstance(log_text, str) else ""),
-        _clean(facts if isinstance(facts, Mapping) else {}),
+        Log(log_text if isinstance(log_text, str) else "", [n.name for n in group_of(cleaned)]),
+        cleaned,
         dict(flags) if isinstance(flags, Mapping) else {},
     )
     for rule in RULES:
@@ -274,19 +300,31 @@ def diagnose(log_text: str, facts: Mapping[str, Any], flags: Mapping[str, Any]) 
             # without the figure; else it is no evidence, and the next rule answers.
             found = _unreadable(bundle, rule, exc)
         if found is not None:
-            return found
+            return _located(bundle, found)
     # No rule read the failure; a line that shows one whose figures no rule could read (a
     # negative size, 1e400 GiB) still names it.
     for rule in RECOGNISED_BY:
         found = _unreadable(bundle, rule, ValueError("its figures are not in a form a rule reads"))
         if found is not None:
-            return found
-    return Diagnosis(
-        category="unknown",
-        summary="no known failure signature or memory arithmetic explains this launch",
-        remedy=(
-            "collect more evidence: the full server log from every rank, `dmesg -T | grep -i -E "
-            "'oom|killed process'` on the node, nvidia-smi with its processes, and MemAvailable "
-            "before and after the launch"
+            return _located(bundle, found)
+    return _located(
+        bundle,
+        Diagnosis(
+            category="unknown",
+            summary="no known failure signature or memory arithmetic explains this launch",
+            remedy=(
+                "collect more evidence: the full server log from every rank, `dmesg -T | grep -i "
+                "-E 'oom|killed process'` on the node, nvidia-smi with its processes, and "
+                "MemAvailable before and after the launch"
+            ),
         ),
     )
+
+
+def _located(bundle: Bundle, found: Diagnosis) -> Diagnosis:
+    """``found`` with its node named on a multi-node bundle (``multinode.locate``); as it is
+    when the group cannot be read."""
+    try:
+        return locate(bundle, found)
+    except (ArithmeticError, LookupError, TypeError, ValueError, AttributeError):
+        return found

@@ -67,8 +67,20 @@ class Log:
     #: Longer lines are cut: no message a rule reads is longer, and regexes stay linear.
     MAX_LINE = 4096
 
-    def __init__(self, text: str) -> None:
-        self.lines = [line[: self.MAX_LINE] for line in text.splitlines()]
+    def __init__(self, text: str, nodes: Iterable[str] = ()) -> None:
+        """``nodes``: the names of a multi-node launch's nodes, whose lines in its one log begin
+        ``[NAME] `` (FORMAT.md's multi-node bundle): the tag is taken off each line (rules read
+        what the node printed) and kept as the line's ``origin``."""
+        self.source = text
+        raw = text.splitlines()
+        names = {n for n in nodes if n}
+        self.origin: list[str] = [""] * len(raw)
+        if names:
+            for index, line in enumerate(raw):
+                name, rest = _node_tag(line, names)
+                if name:
+                    self.origin[index], raw[index] = name, rest
+        self.lines = [line[: self.MAX_LINE] for line in raw]
         self._text = "\n".join(self.lines)
         self._found: dict[re.Pattern[str], list[tuple[int, re.Match[str]]]] = {}
         self._at: dict[str, list[int]] = {}
@@ -144,6 +156,23 @@ class Log:
     def first(self, pattern: str | re.Pattern[str]) -> tuple[int, re.Match[str]] | None:
         hits = self.find(pattern)
         return hits[0] if hits else None
+
+    def node(self, number: int) -> str:
+        """The node that printed line ``number`` (1-based) of a multi-node log; ``""`` when the
+        line carries no node tag."""
+        return self.origin[number - 1] if 0 < number <= len(self.origin) else ""
+
+
+def _node_tag(line: str, names: set[str]) -> tuple[str, str]:
+    """``("node-b", rest)`` for ``[node-b] rest`` where ``node-b`` is one of ``names``; else
+    ``("", line)``."""
+    if not line.startswith("["):
+        return "", line
+    end = line.find("]")
+    name = line[1:end] if end > 0 else ""
+    if name not in names:
+        return "", line
+    return name, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
 
 
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")
@@ -238,8 +267,17 @@ class Bundle:
     flags: Mapping[str, Any]
 
     def evidence(self, hit: tuple[int, re.Match[str]]) -> Evidence:
+        """The line of ``hit``, with its node's tag on a multi-node log (where it came from)."""
         number, _ = hit
-        return Evidence(self.log.lines[number - 1].strip()[:500], number)
+        node = self.log.node(number)
+        text = self.log.lines[number - 1].strip()
+        return Evidence((f"[{node}] {text}" if node else text)[:500], number)
+
+    @cached_property
+    def group(self) -> tuple[GroupNode, ...]:
+        """The nodes of a multi-node launch in node-rank order (``extra.group``); ``()`` on one
+        node or when the bundle does not list them."""
+        return group_of(self.facts)
 
     def flag(self, *dests: str, default: Any = None) -> Any:
         for dest in dests:
@@ -389,9 +427,16 @@ class Bundle:
         return list(self._asserted_notes)
 
     def kernel_lines(self) -> list[str]:
-        """The snapshots' kernel log lines, then the notes (as they assert): a collector may
-        have written a kernel line it saw into a note."""
+        """The snapshots' kernel log lines, then those of the other nodes of a multi-node launch
+        (each with its node's tag: the kernel of any node may have killed a rank), then the
+        notes (as they assert): a collector may have written a kernel line it saw into a note."""
         lines = [str(line) for s in self.snapshots() for line in s.get("kernel_log") or []]
+        lines += [
+            f"[{node.name}] {line}"
+            for node in self.group[1:]
+            for s in node.snapshots
+            for line in s.get("kernel_log") or []
+        ]
         return lines + self.notes()
 
     @cached_property
@@ -414,6 +459,61 @@ class Bundle:
                     label += f" {round(total / 1e9)}GB"
                 return label
         return None
+
+
+@dataclass(frozen=True)
+class GroupNode:
+    """One node of a multi-node launch as its bundle lists it (``extra.group``): its inventory
+    name, node rank, the TP ranks it runs and its own snapshots (bundle-shaped, oldest first)."""
+
+    name: str
+    node_rank: int
+    tp_ranks: tuple[int, ...]
+    snapshots: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
+
+    @property
+    def ranks(self) -> str:
+        """``TP8–TP15`` (a run), ``TP8, TP10`` (otherwise), ``""`` (none listed)."""
+        ranks = sorted(self.tp_ranks)
+        if not ranks:
+            return ""
+        if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+            return f"TP{ranks[0]}–TP{ranks[-1]}"
+        return ", ".join(f"TP{r}" for r in ranks)
+
+    @property
+    def label(self) -> str:
+        """The node as an operator reads it: ``node-b (node rank 1, TP8–TP15)``."""
+        ranks = f", {self.ranks}" if self.ranks else ""
+        return f"{self.name} (node rank {self.node_rank}{ranks})"
+
+
+def group_of(facts: Mapping[str, Any]) -> tuple[GroupNode, ...]:
+    """``extra.group`` of a bundle's facts as ``GroupNode``s in node-rank order; entries that
+    are not of its shape are left out; ``()`` without at least two nodes."""
+    extra = facts.get("extra")
+    entries = extra.get("group") if isinstance(extra, Mapping) else None
+    if not isinstance(entries, list):
+        return ()
+    nodes: list[GroupNode] = []
+    for entry in entries:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            continue
+        rank = entry.get("node_rank")
+        tp = entry.get("tp_ranks")
+        snapshots = entry.get("snapshots")
+        nodes.append(
+            GroupNode(
+                entry["name"],
+                rank if isinstance(rank, int) and not isinstance(rank, bool) else len(nodes),
+                tuple(r for r in tp if isinstance(r, int)) if isinstance(tp, list) else (),
+                tuple(s for s in snapshots if isinstance(s, Mapping))
+                if isinstance(snapshots, list)
+                else (),
+            )
+        )
+    nodes.sort(key=lambda n: n.node_rank)
+    return tuple(nodes) if len(nodes) > 1 else ()
 
 
 SERVER_ARGS = re.compile(r"server_args=ServerArgs\((?P<args>.*)\)")
