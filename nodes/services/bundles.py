@@ -54,18 +54,31 @@ def archived_log(launch: Launch) -> Iterator[bytes]:
 
 
 def launch_log_text(launch: Launch) -> str:
-    """The launch's whole log as stored (the archive when lines were dropped), masked."""
+    """The launch's whole log as stored (the archive when lines were dropped), masked. A
+    multi-node launch's one log (its nodes' lines, stored on the group's launch) has each line
+    after ``[NODE] ``, the node that printed it; a part of one gives its group's log."""
+    launch = launch.group or launch
     if launch.log_archive:
         return b"".join(archived_log(launch)).decode(errors="replace")
-    lines = launch.lines.order_by("seq").values_list("text", flat=True)
-    return "".join(f"{text}\n" for text in lines.iterator(chunk_size=5000))
+    if not _several_nodes(launch):
+        lines = launch.lines.order_by("seq").values_list("text", flat=True)
+        return "".join(f"{text}\n" for text in lines.iterator(chunk_size=5000))
+    tagged = launch.lines.order_by("seq").values_list("node", "text")
+    return "".join(
+        f"[{node}] {text}\n" if node else f"{text}\n"
+        for node, text in tagged.iterator(chunk_size=5000)
+    )
 
 
-def facts_of(launch: Launch) -> dict[str, object]:
-    """The bundle's ``facts.json`` of ``launch``: the memory timeline's first sample is the
-    ``before_launch`` snapshot, its lowest MemAvailable a ``during`` one, then the snapshot
-    taken at the failure (with the panel's reason among its notes)."""
-    node = launch.node
+def _several_nodes(launch: Launch) -> bool:
+    """Whether ``launch`` is the group launch of a multi-node launch (it has parts)."""
+    return launch.group_id is None and launch.parts.exists()
+
+
+def _snapshots_of(launch: Launch) -> list[dict[str, Any]]:
+    """One launch's snapshots on its node, oldest first: the memory timeline's first sample is
+    the ``before_launch`` snapshot, its lowest MemAvailable a ``during`` one, then the snapshot
+    taken at the failure (with the panel's reason among its notes), then the last cleanup's."""
     snapshots = timeline_snapshots(list(launch.memory_timeline or []), launch.started)
     if launch.snapshot:
         after = case_snapshot(launch.snapshot, "after_failure")
@@ -73,12 +86,41 @@ def facts_of(launch: Launch) -> dict[str, object]:
             after["notes"] = [f"panel: {launch.reason}", *after.get("notes", [])]
         snapshots.append(after)
     cleaned = launch.cleanups.exclude(result=None).order_by("-created").first()
-    model = model_facts.stored_answer(node, args_of(launch))
     if cleaned is not None:
         snapshots.append(
             cleanup_snapshot(cleaned.result or {}, cleaned.message, _others_hidden(launch, cleaned))
         )
-    return launch_facts(
+    return snapshots
+
+
+def group_facts(launch: Launch, flags: dict[str, Any]) -> list[dict[str, Any]]:
+    """``extra.group`` of a multi-node launch's bundle: every node in node-rank order, as
+    ``{"name", "node_rank", "tp_ranks", "snapshots"}``; node R runs TP ranks R × per … R × per +
+    per − 1, per = tp × pp / nnodes (``flags``: the command's values by dest)."""
+    parts = [launch, *launch.parts.select_related("node").order_by("node_rank")]
+    tp = int(flags.get("tensor_parallel_size") or flags.get("tp_size") or 1)
+    pp = int(flags.get("pipeline_parallel_size") or flags.get("pp_size") or 1)
+    per = max(tp * pp // len(parts), 1)
+    return [
+        {
+            "name": part.node.name,
+            "node_rank": part.node_rank,
+            "tp_ranks": list(range(part.node_rank * per, part.node_rank * per + per)),
+            "snapshots": _snapshots_of(part),
+        }
+        for part in parts
+    ]
+
+
+def facts_of(launch: Launch) -> dict[str, object]:
+    """The bundle's ``facts.json`` of ``launch`` (``_snapshots_of``). A multi-node launch's
+    (its group launch's, for a part) is node 0's facts with ``nodes_in_launch`` and every
+    node's ranks and snapshots in ``extra.group`` (``group_facts``)."""
+    launch = launch.group or launch
+    node = launch.node
+    snapshots = _snapshots_of(launch)
+    model = model_facts.stored_answer(node, args_of(launch))
+    facts = launch_facts(
         engine_version=node.sglang_version or launch.revision.sglang_version or None,
         node={
             "name": node.name,
@@ -112,6 +154,11 @@ def facts_of(launch: Launch) -> dict[str, object]:
             "other_launches_on_node": (launch.snapshot or {}).get("neighbours"),
         },
     )
+    if _several_nodes(launch):
+        group = group_facts(launch, bundle_flags(facts))
+        facts["nodes_in_launch"] = len(group)
+        facts["extra"]["group"] = group
+    return facts
 
 
 def cleanup_snapshot(
