@@ -416,6 +416,8 @@ def start(launch_id: int) -> None:
 
     A failure of the panel itself (not of the node or the server) makes the launch ``error``.
     """
+    if Launch.objects.filter(pk=launch_id, group__isnull=False).exists():
+        return  # a node's part of a multi-node launch: its group's start starts it
     token = pysecrets.token_hex(8)
     if not launch_state.claim(launch_id, token, (LaunchStatus.PENDING, LaunchStatus.PREFLIGHT)):
         return

@@ -181,7 +181,7 @@ class LogWriter:
                 with connection.cursor() as cursor:
                     cursor.executemany(
                         _insert_sql(),
-                        [(self.launch_id, s, t, stamp, lv, r) for s, t, lv, r in rows],
+                        [(self.launch_id, s, t, stamp, lv, r, "") for s, t, lv, r in rows],
                     )
             if rows:
                 dropped = self._trim(rows[-1][0])
@@ -220,7 +220,7 @@ class LogWriter:
                 stamp = _TIME.get_db_prep_value(timezone.now(), connection)
                 with connection.cursor() as cursor:
                     cursor.executemany(
-                        _insert_sql(_GROUP_COLUMNS),
+                        _insert_sql(),
                         [(group_id, s, t, stamp, lv, r, n) for s, t, lv, r, n in rows],
                     )
                 dropped = self._trim(last, group_id)
@@ -247,8 +247,7 @@ class LogWriter:
 
 
 _TIME = LaunchLogLine._meta.get_field("time")
-_COLUMNS = ("launch", "seq", "text", "time", "level", "rank")
-_GROUP_COLUMNS = (*_COLUMNS, "node")
+_COLUMNS = ("launch", "seq", "text", "time", "level", "rank", "node")
 
 
 def _insert_sql(names: tuple[str, ...] = _COLUMNS) -> str:

@@ -72,7 +72,10 @@ def _failed(doc: dict) -> list[tuple[str, str]]:
 def test_kimi_k2_over_two_nodes_reaches_ready_and_stop_leaves_nothing(cli, pair, launch_workers):
     a, b = pair
     doc = _launch(cli, "pa,pb", *KIMI, extra=("--wait", "ready"))
-    assert doc["returncode"] == 0 and doc["status"] == "ready", doc
+    assert doc["returncode"] == 0 and doc["status"] == "ready", (
+        doc,
+        list(Launch.objects.values("node__name", "status", "reason")),
+    )
     assert [n["node"] for n in doc["nodes"]] == ["pa", "pb"]
     assert doc["dist_init_addr"] == f"{a.sim.fabric['address']}:5000"
     # Every check is named by its node, or is the group's own (versions, network, the store).
