@@ -423,7 +423,8 @@ class Bundle:
 
     def notes(self) -> list[str]:
         """The snapshots' notes, oldest first, each as what it asserts (``plain_words``): a
-        negated, asked or hypothetical mention of a failure is not evidence of it."""
+        negated, asked or hypothetical mention of a failure is not evidence of it; then those of
+        the other nodes of a multi-node launch, each after its node's tag."""
         return list(self._asserted_notes)
 
     def kernel_lines(self) -> list[str]:
@@ -441,7 +442,14 @@ class Bundle:
 
     @cached_property
     def _asserted_notes(self) -> tuple[str, ...]:
-        found = (asserted(str(n)) for s in self.snapshots() for n in s.get("notes") or [])
+        found = [asserted(str(n)) for s in self.snapshots() for n in s.get("notes") or []]
+        found += [
+            f"[{node.name}] {said}"
+            for node in self.group[1:]
+            for s in node.snapshots
+            for note in s.get("notes") or []
+            if (said := asserted(str(note)))
+        ]
         return tuple(n for n in found if n)
 
     def note_match(self, pattern: re.Pattern[str]) -> re.Match[str] | None:

@@ -82,7 +82,12 @@ TORCH_RANK = re.compile(r"^\[rank(?P<rank>\d+)\]")
 RANK_ERROR_AFTER_READY = re.compile(
     r"Scheduler hit an exception|OutOfMemoryError|out of memory|CUDA error|Xid"
 )
-# The panel (or a person) saying a node could not be reached.
+# The panel (or a person) saying a node could not be reached; the negative facts among its
+# words, which ``plain_words`` would read as negations.
+NOT_REACHED = re.compile(
+    r"(?i)\b(?:did|does|do|could|can)(?: not|n[’']t) (?:answer|respond|be reached|reach)\w*|"
+    r"\bcannot (?:answer|respond|be reached|reach)\w*|\bnot (?:answering|responding)\b"
+)
 UNREACHABLE = re.compile(
     r"(?i)\b(?:did not answer|does not answer|not answering|stopped answering|unreachable|"
     r"could not (?:be )?reach(?:ed)?|no route to host|lost|powered off|went down|is down)\b"
@@ -174,12 +179,15 @@ def _lines_of(
 
 
 def _unreachable(node: GroupNode) -> str | None:
-    """What the node's latest snapshot says of it not being reached (its note, as asserted)."""
+    """What the node's latest snapshot says of it not being reached: a note that asserts it (a
+    negative fact, "did not answer", read as the fact it is, so a negated or hypothetical
+    clause still asserts nothing)."""
     for snapshot in reversed(node.snapshots):
         for note in snapshot.get("notes") or []:
-            said = asserted(str(note))
+            text = str(note)
+            said = asserted(NOT_REACHED.sub("unreachable", text))
             if said and UNREACHABLE.search(said):
-                return said.removeprefix("panel: ").strip()[:200]
+                return text.removeprefix("panel: ").strip()[:200]
     return None
 
 
@@ -651,11 +659,39 @@ def locate(bundle: Bundle, found: Diagnosis) -> Diagnosis:
         return found
     if found.category == "unknown":
         return _first_failure(bundle, group, found)
-    line = next((e.line for e in found.evidence if e.line is not None), None)
-    node = node_of_line(bundle, group, line) if line is not None else None
-    if node is None:
-        return found
-    return replace(found, summary=f"{found.summary}; line {line} is from {_label(node)}")
+    said = _where_from(bundle, group, found)
+    return replace(found, summary=f"{found.summary}; {said}") if said else found
+
+
+def _where_from(bundle: Bundle, group: Layout, found: Diagnosis) -> str:
+    """Which node each evidence line came from: ``line 2 is from node-b (node rank 1,
+    TP8–TP15)``; a snapshot fact of another node (``[node-b] …``) says its node. The ready line
+    (node 0's, never the failure) is left out."""
+    lines: dict[GroupNode, list[int]] = {}
+    for item in found.evidence:
+        if item.line is None or SERVED.search(bundle.log.lines[item.line - 1]):
+            continue
+        node = node_of_line(bundle, group, item.line)
+        if node is not None:
+            lines.setdefault(node, []).append(item.line)
+    said = [
+        (
+            f"line {numbers[0]} is"
+            if len(numbers) == 1
+            else f"lines {_both(list(map(str, numbers)))} are"
+        )
+        + f" from {_label(node)}"
+        for node, numbers in lines.items()
+    ]
+    facts = {
+        node
+        for item in found.evidence
+        if item.line is None
+        for node in group.nodes
+        if item.text.startswith(f"[{node.name}] ")
+    }
+    said += [f"the snapshot facts are from {_label(node)}" for node in group.nodes if node in facts]
+    return "; ".join(said)
 
 
 def _first_failure(bundle: Bundle, group: Layout, found: Diagnosis) -> Diagnosis:
