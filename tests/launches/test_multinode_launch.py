@@ -115,12 +115,13 @@ def test_preflight_names_the_node_whose_gpus_are_busy(cli, pair, launch_workers)
 
 
 def test_preflight_names_the_node_without_the_model(cli, pair, launch_workers):
-    _, b = pair
-    b.sim.ok("mv /srv/models/qwen2.5-7b /srv/models/qwen-away")
+    a, _ = pair
+    # The model under a path only node 0 has (each node has its own /tmp).
+    a.sim.ok("ln -sfn /srv/models/qwen2.5-7b /tmp/qwen")
     try:
-        doc = _launch(cli, "pa,pb", *QWEN)
+        doc = _launch(cli, "pa,pb", "--model-path", "/tmp/qwen", *QWEN[2:])
     finally:
-        b.sim.ok("mv /srv/models/qwen-away /srv/models/qwen2.5-7b")
+        a.sim.ok("rm -f /tmp/qwen")
     assert doc["returncode"] == 2 and doc["status"] == "blocked", doc
     assert ("model_path", "pb") in _failed(doc)
     assert ("model_path", "pa") not in _failed(doc)
