@@ -166,7 +166,8 @@ def test_forced_past_preflight_with_node_1_cut_off_it_fails_naming_node_1(
     assert wait_until(lambda: Launch.objects.get(pk=launch.pk).diagnosis, 60)
     launch.refresh_from_db()
     words = json.dumps(launch.diagnosis)
-    assert "pb" in words, launch.diagnosis
+    assert launch.diagnosis["category"] == "nccl-init-hang", launch.diagnosis
+    assert "pb" in words and "TP2" in words, launch.diagnosis
 
 
 def test_preflight_refuses_nodes_with_different_sglang(cli, sim_fleet, launch_workers):
