@@ -76,10 +76,12 @@ class Log:
         names = {n for n in nodes if n}
         self.origin: list[str] = [""] * len(raw)
         if names:
-            for index, line in enumerate(raw):
-                name, rest = _node_tag(line, names)
-                if name:
-                    self.origin[index], raw[index] = name, rest
+            alternatives = "|".join(map(re.escape, sorted(names)))
+            tagged = re.compile(rf"\[({alternatives})\] ?")
+            for index, match in enumerate(map(tagged.match, raw)):
+                if match is not None:
+                    self.origin[index] = match[1]
+                    raw[index] = raw[index][match.end() :]
         self.lines = [line[: self.MAX_LINE] for line in raw]
         self._text = "\n".join(self.lines)
         self._found: dict[re.Pattern[str], list[tuple[int, re.Match[str]]]] = {}
@@ -161,18 +163,6 @@ class Log:
         """The node that printed line ``number`` (1-based) of a multi-node log; ``""`` when the
         line carries no node tag."""
         return self.origin[number - 1] if 0 < number <= len(self.origin) else ""
-
-
-def _node_tag(line: str, names: set[str]) -> tuple[str, str]:
-    """``("node-b", rest)`` for ``[node-b] rest`` where ``node-b`` is one of ``names``; else
-    ``("", line)``."""
-    if not line.startswith("["):
-        return "", line
-    end = line.find("]")
-    name = line[1:end] if end > 0 else ""
-    if name not in names:
-        return "", line
-    return name, line[end + 2 :] if line[end + 1 : end + 2] == " " else line[end + 1 :]
 
 
 _DIGITS_TO_ZERO = str.maketrans("123456789", "000000000")

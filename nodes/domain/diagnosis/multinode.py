@@ -123,13 +123,15 @@ class Layout:
 def layout(bundle: Bundle) -> Layout | None:
     """The launch's nodes when it runs on more than one (the bundle's group, else ``--nnodes``
     with TP only: node R runs TP R × per … (R + 1) × per − 1); ``None`` on one node."""
-    tp = bundle.tp()
     pp = bundle.count("pp_size", "pipeline_parallel_size", default=1)
     if bundle.group:
-        return Layout(bundle.group, tp, pp)
+        return Layout(bundle.group, bundle.tp(), pp)
     stated = bundle.facts.get("nodes_in_launch")
     nodes = bundle.count("nnodes", default=stated if isinstance(stated, int) else 1)
-    if nodes < 2 or tp % nodes or pp > 1:
+    if nodes < 2:
+        return None
+    tp = bundle.tp()
+    if tp % nodes or pp > 1:
         return None  # with PP the ranks of a node are not a run of TP ranks: only the group says
     per = tp // nodes
     return Layout(
@@ -413,6 +415,8 @@ def _raised_error(bundle: Bundle, hit: Hit) -> Hit | None:
 
 
 def _init_death(bundle: Bundle) -> InitDeath | None:
+    if not bundle.log.find(RANK_RAISED):
+        return None
     found = layout(bundle)
     if found is None or any(bundle.log.first(p) for p in (GLOO_LOOPBACK, LOOPBACK_REFUSED)):
         return None  # ranks on the loopback: ``nccl.gloo_loopback`` says why
@@ -548,8 +552,8 @@ class Parted:
 
 
 def _parted(bundle: Bundle) -> Parted | None:
-    found = layout(bundle)
     ready = bundle.log.first(SERVED)
+    found = layout(bundle) if ready is not None else None
     if found is None or ready is None:
         return None
     watchdogs = [h for h in bundle.log.find(NCCL_WATCHDOG) if h[0] > ready[0]]
