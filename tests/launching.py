@@ -8,7 +8,8 @@ import pytest
 from nodes.models import Launch
 from nodes.workflows import discovery
 from tests.conftest import register_sim_node
-from tests.fleet import wait_until
+from tests.factories import make_user
+from tests.fleet import bring_up, simfleet, wait_until
 
 SMALL = "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
 
@@ -49,3 +50,29 @@ def node_fixture(name: str):
         return node
 
     return fixture
+
+
+@pytest.fixture(scope="module")
+def pair_fleet(tmp_path_factory):
+    """Two 8-GPU nodes like the incident's, on one fabric."""
+    state = str(tmp_path_factory.mktemp("pair-fleet"))
+    node = {"gpus": 8, "gpu_memory": "141GiB", "host_ram": "449GB", "speed": 8}
+    try:
+        yield bring_up(state, {"nodes": [{"name": n, **node} for n in ("pa", "pb")]})
+    finally:
+        simfleet("down", "--state", state, check=False)
+
+
+@pytest.fixture
+def pair(pair_fleet):
+    nodes = []
+    for name in ("pa", "pb"):
+        sim = pair_fleet[name]
+        sim.reboot()
+        node = register_sim_node(sim)
+        discovery.discover(node.pk)
+        node.refresh_from_db()
+        node.sim = sim
+        nodes.append(node)
+    make_user("olga", "operator")
+    return nodes

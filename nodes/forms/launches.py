@@ -39,6 +39,13 @@ class LaunchForm(forms.Form):
         widget=forms.HiddenInput,
     )
     node = forms.ModelChoiceField(Node.objects.all())
+    other_nodes = forms.CharField(
+        required=False,
+        max_length=1000,
+        label="Other nodes (multi-node)",
+        help_text="For a command with --nnodes N: the other N − 1 nodes' names in rank order, "
+        "e.g. b,c (the node above is node 0). The same GPUs are taken on every node.",
+    )
     gpus = forms.CharField(
         required=False,
         label="GPUs",
@@ -79,6 +86,14 @@ class LaunchForm(forms.Form):
             adhoc.queryset = ProfileRevision.objects.filter(
                 profile__adhoc=True, profile__in=visible_profiles(user)
             )
+
+    def clean_other_nodes(self) -> list[Node]:
+        names = [n.strip() for n in self.cleaned_data["other_nodes"].split(",") if n.strip()]
+        found = {n.name: n for n in Node.objects.filter(name__in=names)}
+        missing = [n for n in names if n not in found]
+        if missing:
+            raise forms.ValidationError(f"No node named {missing[0][:63]!r}.")
+        return [found[n] for n in names]
 
     def clean_gpus(self) -> list[int] | None:
         text = self.cleaned_data["gpus"].strip()

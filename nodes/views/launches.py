@@ -114,6 +114,7 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
                     actor=request.user,
                     request=request,
                     model_wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS,
+                    nodes=[data["node"], *data["other_nodes"]] if data["other_nodes"] else (),
                 )
             except launching.LaunchInputError as exc:
                 form.add_error(None, str(exc))
@@ -193,6 +194,28 @@ def _preset(form: LaunchForm, user: Any) -> dict[str, str] | None:
     }
 
 
+def _group_nodes(launch: Launch) -> list[dict[str, Any]]:
+    """``[{"launch", "node", "rank", "status", "phase", "gpus", "port"}]`` of a multi-node
+    launch's nodes in rank order (node 0's launch is the group); ``[]`` on one node."""
+    first = launch.group if launch.group_id else launch
+    assert first is not None
+    parts = list(first.parts.select_related("node").order_by("node_rank"))
+    if not parts:
+        return []
+    return [
+        {
+            "launch": m,
+            "node": m.node.name,
+            "rank": m.node_rank,
+            "status": m.status,
+            "phase": phase_label(Progress.from_json(m.progress).phase),
+            "gpus": m.gpu_list(),
+            "port": m.port,
+        }
+        for m in [first, *parts]
+    ]
+
+
 def _state_context(launch: Launch) -> dict[str, Any]:
     """What the polled state part of the launch page shows: the diagnosis first when the
     launch failed, the phase bar (frozen where a failed launch stopped), checks, the memory
@@ -201,6 +224,7 @@ def _state_context(launch: Launch) -> dict[str, Any]:
     diagnosis = fixes.stored(launch)
     estimate = launch.estimate or {}
     info = launch.server_info or {}
+    group = _group_nodes(launch)
     return {
         "launch": launch,
         "progress": progress,
@@ -208,13 +232,17 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "phase_label": phase_label(progress.phase),
         "phases": _phases(progress),
         "failed_checks": [c for c in launch.checks or [] if not c.get("passed")],
+        # A multi-node launch: each node's part, its status and phase (node 0 first).
+        "group_nodes": group,
+        "checks_have_nodes": any(c.get("node") for c in launch.checks or []),
         "comparison": _comparison(estimate, info, progress),
         "calibration": estimate.get("calibration") or {},
         "usage": info.get("memory_usage") or {},
         "ended": launch.status in LAUNCH_ENDED,
         # A failed launch is diagnosed right after it fails, again once its log is whole.
         "settled": launch.status in LAUNCH_ENDED
-        and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete)),
+        and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete))
+        and all(n["status"] in LAUNCH_ENDED for n in group),
         "stoppable": launch.status not in LAUNCH_ENDED,
         # GPUs an ended launch still holds: their memory did not come back when it ended.
         "held_gpus": list(launch.reservations.filter(kind="gpu").values_list("number", flat=True))
@@ -390,8 +418,11 @@ def _relaunch_form(launch: Launch) -> LaunchForm:
             "adhoc_revision": launch.revision_id if launch.adhoc else None,
             "port": launch.port,
             "node": launch.node_id,
+            "other_nodes": ",".join(
+                launch.parts.order_by("node_rank").values_list("node__name", flat=True)
+            ),
             "gpus": launch.gpu_list(),
-            "override": [c["name"] for c in launch.checks or [] if not c.get("passed")],
+            "override": sorted({c["name"] for c in launch.checks or [] if not c.get("passed")}),
         }
     )
 

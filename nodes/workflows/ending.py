@@ -81,18 +81,26 @@ def stop(
         # Every node's part is stopping before any rank is signalled: a rank that dies of its
         # peers' end then fails nothing.
         _mark_stopping(part, actor, None, token)
+    # A multi-node launch: every other node's ranks first (each its own part, its own lease),
+    # node 0's last, so the launch reads stopped once every node is.
+    done = [
+        _stop_one(
+            Launch.objects.select_related("node", "revision__profile").get(pk=part.pk),
+            actor,
+            None,
+            token,
+            retries,
+        )
+        for part in parts
+    ]
     outcome = _stop_one(launch, actor, request, token, retries)
-    if parts:
-        # A multi-node launch: every other node's ranks too (each its own part, its own lease).
-        for part in parts:
-            part = Launch.objects.select_related("node", "revision__profile").get(pk=part.pk)
-            done = _stop_one(part, actor, None, token, retries)
-            outcome.remaining += [{**p, "node": part.node.name} for p in done.remaining]
-            if done.error:
-                outcome.error = "; ".join(e for e in (outcome.error, done.error) if e)
-            if done.pending:
-                outcome.pending = True
-                outcome.retry_in = min(outcome.retry_in or done.retry_in or 0, done.retry_in or 0)
+    for part in done:
+        outcome.remaining += [{**p, "node": part.launch.node.name} for p in part.remaining]
+        if part.error:
+            outcome.error = "; ".join(e for e in (outcome.error, part.error) if e)
+        if part.pending:
+            outcome.pending = True
+            outcome.retry_in = min(outcome.retry_in or part.retry_in or 0, part.retry_in or 0)
     return outcome
 
 

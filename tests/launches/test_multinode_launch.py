@@ -12,41 +12,17 @@ import pytest
 from nodes.models import Launch
 from nodes.models.choices import LaunchStatus
 from nodes.workflows import discovery
+from tests import launching as shared
 from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
 from tests.factories import make_user
-from tests.fleet import bring_up, simfleet, wait_until
+from tests.fleet import simfleet, wait_until
 from tests.launching import sglang_processes, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
+pair_fleet, pair = shared.pair_fleet, shared.pair  # two 8-GPU nodes, "pa" and "pb"
 SERVER = ["python3", "-m", "sglang.launch_server"]
 KIMI = ["--model-path", "/srv/models/kimi-k2", "--tp", "16", "--nnodes", "2"]
 QWEN = ["--model-path", "/srv/models/qwen2.5-7b", "--tp", "4", "--nnodes", "2"]
-
-
-@pytest.fixture(scope="module")
-def pair_fleet(tmp_path_factory):
-    """Two 8-GPU nodes like the incident's, on one fabric."""
-    state = str(tmp_path_factory.mktemp("pair-fleet"))
-    node = {"gpus": 8, "gpu_memory": "141GiB", "host_ram": "449GB", "speed": 8}
-    try:
-        yield bring_up(state, {"nodes": [{"name": n, **node} for n in ("pa", "pb")]})
-    finally:
-        simfleet("down", "--state", state, check=False)
-
-
-@pytest.fixture
-def pair(pair_fleet):
-    nodes = []
-    for name in ("pa", "pb"):
-        sim = pair_fleet[name]
-        sim.reboot()
-        node = register_sim_node(sim)
-        discovery.discover(node.pk)
-        node.refresh_from_db()
-        node.sim = sim
-        nodes.append(node)
-    make_user("olga", "operator")
-    return nodes
 
 
 @pytest.fixture
@@ -58,7 +34,9 @@ def cli(settings):
 
 
 def _launch(cli, nodes: str, *flags: str, extra: tuple[str, ...] = ()) -> dict:
-    done = cli("launch", "--node", nodes, "--actor", "olga", "--json", *extra, "--", *SERVER, *flags)
+    done = cli(
+        "launch", "--node", nodes, "--actor", "olga", "--json", *extra, "--", *SERVER, *flags
+    )
     assert done.stdout, done.stderr
     doc = json.loads(done.stdout)
     doc["returncode"] = done.returncode
