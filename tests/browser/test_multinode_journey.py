@@ -23,9 +23,9 @@ def test_a_two_node_launch_from_the_form_one_log_tagged_by_node_then_stop(
     a, b = pair
     log_in(page, panel.url, "olga")
     page.goto(f"{panel.url}/launches/new/")
-    page.get_by_label("…or a command line").fill(COMMAND)
-    page.get_by_label("Node", exact=True).select_option(label="pa")
-    page.get_by_label("Other nodes (multi-node)").fill("pb")
+    page.locator("#id_command").fill(COMMAND)
+    page.locator("#id_node").select_option(label="pa")
+    page.locator("#id_other_nodes").fill("pb")
     page.get_by_role("button", name="Launch").click()
 
     expect(page.get_by_role("heading", name="Launch #")).to_be_visible()
