@@ -167,3 +167,24 @@ def test_a_multi_node_command_on_one_node_is_refused_with_what_to_do(cli, pair):
     assert doc.returncode == 2
     assert "name its 2 nodes" in doc.stderr + doc.stdout
     assert not Launch.objects.exists()
+
+
+def test_a_node_lost_mid_run_makes_the_launch_lost_and_stops_the_others(cli, pair, launch_workers):
+    a, b = pair
+    doc = _launch(cli, "pa,pb", *QWEN, extra=("--wait", "ready"))
+    assert doc["status"] == "ready", doc
+    launch = Launch.objects.get(pk=doc["id"])
+    part = launch.parts.get()
+    simfleet("link", "pb", "down", "--state", b.sim.state)  # the panel loses pb; pa is fine
+    try:
+        assert wait_for(launch, LaunchStatus.LOST, timeout=120) == LaunchStatus.LOST
+        assert "pb (node rank 1) lost" in launch.reason, launch.reason
+        # Node 0's ranks would wait on pb's for ever: they are stopped, its GPUs released.
+        assert wait_until(lambda: sglang_processes(a.sim) == [], 60), sglang_processes(a.sim)
+        assert wait_until(lambda: not launch.reservations.exists(), 30)
+    finally:
+        simfleet("link", "pb", "up", "--state", b.sim.state)
+    # pb answers again: its ranks are stopped too and the launch ends failed, diagnosed.
+    assert wait_for(part, LaunchStatus.FAILED, timeout=120) == LaunchStatus.FAILED
+    assert wait_for(launch, LaunchStatus.FAILED, timeout=30) == LaunchStatus.FAILED
+    assert wait_until(lambda: sglang_processes(b.sim) == [], 60), sglang_processes(b.sim)
