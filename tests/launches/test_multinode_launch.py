@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+from typing import Any
 
 import pytest
 
 from nodes.models import Launch
 from nodes.models.choices import LaunchStatus
+from nodes.services import tokens
 from nodes.workflows import discovery
 from tests import launching as shared
 from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
@@ -188,3 +190,33 @@ def test_a_node_lost_mid_run_makes_the_launch_lost_and_stops_the_others(cli, pai
     assert wait_for(part, LaunchStatus.FAILED, timeout=120) == LaunchStatus.FAILED
     assert wait_for(launch, LaunchStatus.FAILED, timeout=30) == LaunchStatus.FAILED
     assert wait_until(lambda: sglang_processes(b.sim) == [], 60), sglang_processes(b.sim)
+
+
+def test_the_api_launches_over_two_nodes_and_names_the_node_of_each_check(
+    client, pair, launch_workers
+):
+    a, b = pair
+    user = make_user("api-olga", "operator")
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(user, 'test')}"}
+    command = " ".join([*SERVER, *QWEN])
+
+    def post(body: dict) -> Any:
+        return client.post(
+            "/api/launches", data=json.dumps(body), content_type="application/json", **headers
+        )
+
+    assert post({"node": "pa", "command": command}).status_code == 400  # --nnodes 2, one node
+    assert post({"node": "pa,,pb", "command": command}).status_code == 400
+    assert post({"node": "pa,nowhere", "command": command}).status_code == 404
+    assert not Launch.objects.exists()
+    made = post({"node": "pa,pb", "command": command})
+    assert made.status_code == 202, made.content
+    assert [n["node"] for n in made.json()["nodes"]] == ["pa", "pb"]
+    launch = Launch.objects.get(pk=made.json()["id"])
+    assert wait_for(launch, LaunchStatus.READY, timeout=120) == LaunchStatus.READY, launch.reason
+    got = client.get(f"/api/launches/{launch.pk}", **headers).json()
+    assert got["dist_init_addr"] == f"{a.sim.fabric['address']}:5000"
+    assert {c.get("node") for c in got["checks"]} >= {"pa", "pb"}
+    assert client.post(f"/api/launches/{launch.pk}/stop", **headers).status_code == 202
+    assert wait_for(launch, LaunchStatus.STOPPED, timeout=120) == LaunchStatus.STOPPED
+    assert sglang_processes(a.sim) == [] and sglang_processes(b.sim) == []
