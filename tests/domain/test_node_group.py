@@ -101,3 +101,39 @@ def test_each_node_runs_the_revisions_flags_with_its_rank_and_the_meeting_point(
         "--dist-init-addr",
         "[fd00::1]:5000",
     ]
+
+
+def test_every_node_must_run_node_0s_sglang_and_the_check_names_the_one_that_does_not():
+    same = group.check_versions([("a", "0.5.9"), ("b", "0.5.9")])
+    assert same.passed and same.detail == "every node runs SGLang 0.5.9"
+    other = group.check_versions([("a", "0.5.9"), ("b", "0.5.9"), ("c", "0.5.23")])
+    assert not other.passed and other.node == "c"
+    assert other.detail.startswith("c runs SGLang 0.5.23 but a (node 0) runs 0.5.9")
+    missing = group.check_versions([("a", "0.5.9"), ("b", None)])
+    assert not missing.passed and "none found" in missing.detail
+
+
+def test_a_node_whose_config_differs_is_named_and_an_unread_one_is_left_to_its_own_check():
+    assert group.check_same_model("/m", [("a", "h1"), ("b", "h1")]).passed
+    assert group.check_same_model("/m", [("a", "h1"), ("b", None)]).passed
+    differs = group.check_same_model("/m", [("a", "h1"), ("b", "h2")])
+    assert not differs.passed and differs.node == "b" and "/m/config.json on b" in differs.detail
+
+
+def test_the_network_check_says_where_the_nodes_meet_and_warns_of_loopback():
+    nodes = [node("a", LO, ("eth1", "10.0.0.1/24")), node("b", LO, ("eth1", "10.0.0.2/24"))]
+    check, met = group.check_network(flags(tp_size=16, nnodes=2), nodes, {})
+    assert check.passed and met is not None and met.address == "10.0.0.1:5000"
+    assert "a eth1, b eth1" in check.detail
+    pinned, _ = group.check_network(flags(), nodes, {"NCCL_SOCKET_IFNAME": "lo"})
+    assert pinned.passed and "warning: lo is a loopback interface" in pinned.detail
+    apart = [node("a", ("eth1", "10.0.0.1/24")), node("b", ("eth1", "10.9.0.2/24"))]
+    refused, none = group.check_network(flags(), apart, {})
+    assert not refused.passed and none is None and "share no network" in refused.detail
+
+
+def test_a_node_that_cannot_reach_the_store_is_named_with_the_address():
+    assert group.check_reach("b", "10.0.0.1:5000", True, None).passed
+    cut = group.check_reach("b", "10.0.0.1:5000", False, "timed out")
+    assert not cut.passed and cut.node == "b"
+    assert cut.detail.startswith("b cannot reach 10.0.0.1:5000 (node 0's --dist-init-addr): timed")
