@@ -147,6 +147,50 @@ def meeting(flags: ParsedCommand, nodes: Sequence[GroupNode], env: dict[str, str
     )
 
 
+def given_meeting(flags: ParsedCommand, nodes: Sequence[GroupNode]) -> Meeting | None:
+    """Where the revision's own ``--dist-init-addr`` makes the nodes meet (None when it names
+    none): it must be one of node 0's addresses, where node 0's first rank serves the store; a
+    host name passes with a warning (each node resolves it itself). Each node's interface is its
+    address in that network, with a warning for a node that has none. Raises ``PlanError``."""
+    text = str(flags.get("dist_init_addr") or "")
+    if not text or address_port(text) is None:
+        return None
+    host = text.rpartition(":")[0].strip("[]")
+    port = dist_port(flags)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return Meeting(
+            host,
+            port,
+            {},
+            [
+                f"--dist-init-addr names the host {host}: every node resolves it itself, so "
+                f"check it is {nodes[0].name} (node 0) on a network every node shares"
+            ],
+        )
+    own = next((i for i in nodes[0].interfaces if i.parsed.ip == ip), None)
+    if own is None:
+        have = ", ".join(f"{i.name} {i.address}" for i in nodes[0].interfaces) or "none"
+        raise PlanError(
+            f"--dist-init-addr {text} is not an address of {nodes[0].name} (node 0), whose first "
+            f"rank serves the store there; its addresses: {have}"
+        )
+    chosen, warnings = {nodes[0].name: own.name}, []
+    if own.loopback:
+        warnings.append(f"{host} is a loopback address: other nodes cannot reach it")
+    for node in nodes[1:]:
+        match = next((i for i in node.interfaces if i.parsed.ip in own.parsed.network), None)
+        if match is None:
+            warnings.append(
+                f"{node.name} has no address in {own.parsed.network}: its ranks reach {host} "
+                "only if something routes between the two"
+            )
+        else:
+            chosen[node.name] = match.name
+    return Meeting(str(ip), port, chosen, warnings)
+
+
 def _pinned(flags: ParsedCommand, nodes: Sequence[GroupNode], name: str) -> Meeting:
     """Every node uses interface ``name``: node 0's address on it is the meeting point."""
     found: dict[str, Interface] = {}
@@ -232,7 +276,7 @@ def check_network(
     """Where the nodes meet, as a check: the address and each node's interface, with the
     meeting's warnings; failed when they share no network (``meeting``'s reason)."""
     try:
-        found = meeting(flags, nodes, env)
+        found = given_meeting(flags, nodes) or meeting(flags, nodes, env)
     except PlanError as exc:
         return Check("network", False, str(exc)), None
     used = ", ".join(f"{n} {i}" for n, i in found.interfaces.items())

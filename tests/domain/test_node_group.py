@@ -137,3 +137,17 @@ def test_a_node_that_cannot_reach_the_store_is_named_with_the_address():
     cut = group.check_reach("b", "10.0.0.1:5000", False, "timed out")
     assert not cut.passed and cut.node == "b"
     assert cut.detail.startswith("b cannot reach 10.0.0.1:5000 (node 0's --dist-init-addr): timed")
+
+
+def test_the_revisions_own_dist_init_addr_is_kept_when_it_is_node_0s():
+    nodes = [node("a", LO, ("eth1", "10.0.0.1/24")), node("b", LO, ("eth1", "10.0.0.2/24"))]
+    own = flags(tp_size=16, nnodes=2, dist_init_addr="10.0.0.1:6000")
+    check, met = group.check_network(own, nodes, {})
+    assert check.passed and met is not None and met.address == "10.0.0.1:6000"
+    foreign = flags(tp_size=16, nnodes=2, dist_init_addr="10.0.0.9:6000")
+    refused, _ = group.check_network(foreign, nodes, {})
+    assert not refused.passed and "is not an address of a (node 0)" in refused.detail
+    named = flags(tp_size=16, nnodes=2, dist_init_addr="head-node:6000")
+    warned, met = group.check_network(named, nodes, {})
+    assert warned.passed and "every node resolves it itself" in warned.detail
+    assert met is not None and met.address == "head-node:6000"

@@ -65,6 +65,9 @@ def test_kimi_k2_over_two_nodes_reaches_ready_and_stop_leaves_nothing(cli, pair,
     part = launch.parts.get()
     assert (part.node.name, part.node_rank, part.status) == ("pb", 1, LaunchStatus.READY)
     assert len(part.gpus) == 8 and len(launch.gpus) == 8
+    # Started together: node 1 first, node 0 right after it (its store waits for node 1).
+    assert part.started <= launch.started
+    assert (launch.started - part.started).total_seconds() < 10
     # One log: both nodes' lines, each tagged with its node, ranks by their global number.
     lines = launch.lines.order_by("seq")
     assert {line.node for line in lines} == {"pa", "pb"}
