@@ -110,6 +110,21 @@ def _named(launch: Launch) -> str:
     return f"{launch.node.name} (node rank {launch.node_rank})"
 
 
+def mark_lost(launch: Launch, reason: str) -> bool:
+    """A running launch whose node stopped answering becomes ``lost`` (it resumes the status
+    it had once the node answers); False when it was not running."""
+    return bool(
+        launch_state.transition(
+            launch.pk,
+            LaunchStatus.LOST,
+            frm=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
+            resume_status=launch.status,
+            lost_since=timezone.now(),
+            reason=reason,
+        )
+    )
+
+
 def lose_group(lost: Launch, why: str) -> None:
     """A node of a multi-node launch stopped answering: the launch is ``lost`` (node 0's record
     says which node and why) and every other node's ranks are stopped, since they would wait
@@ -121,14 +136,7 @@ def lose_group(lost: Launch, why: str) -> None:
     )
     note = f"{_named(lost)} lost: {why}; the other nodes' ranks were stopped"
     if first.pk != lost.pk:
-        launch_state.transition(
-            first.pk,
-            LaunchStatus.LOST,
-            frm=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
-            resume_status=first.status,
-            lost_since=timezone.now(),
-            reason=note,
-        )
+        mark_lost(first, note)
         try:
             finish(first, stop_remote(first, grace=5).remaining)
         except ssh.RemoteError as exc:

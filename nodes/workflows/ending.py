@@ -94,13 +94,14 @@ def stop(
         for part in parts
     ]
     outcome = _stop_one(launch, actor, request, token, retries)
-    for part in done:
-        outcome.remaining += [{**p, "node": part.launch.node.name} for p in part.remaining]
-        if part.error:
-            outcome.error = "; ".join(e for e in (outcome.error, part.error) if e)
-        if part.pending:
+    for other in done:
+        outcome.remaining += [{**p, "node": other.launch.node.name} for p in other.remaining]
+        if other.error:
+            outcome.error = "; ".join(e for e in (outcome.error, other.error) if e)
+        if other.pending:
             outcome.pending = True
-            outcome.retry_in = min(outcome.retry_in or part.retry_in or 0, part.retry_in or 0)
+            waits = [w for w in (outcome.retry_in, other.retry_in) if w is not None]
+            outcome.retry_in = min(waits) if waits else None
     return outcome
 
 

@@ -149,14 +149,7 @@ class Follower:
             self._key_changed(launch, exc)
         elif lost and launch.status not in LAUNCH_ENDED:  # noqa: SIM102 — the update decides
             why = f"{launch.node.name} has not answered for {away:.0f} s: {exc.message}"
-            if launch_state.transition(
-                launch.pk,
-                LaunchStatus.LOST,
-                frm=[LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY],
-                resume_status=launch.status,
-                lost_since=timezone.now(),
-                reason=why,
-            ):
+            if teardown.mark_lost(launch, why):
                 if teardown.group_members(launch):
                     teardown.lose_group(launch, why)
                 first = Launch.objects.get(pk=launch.group_id or launch.pk)

@@ -15,6 +15,7 @@ import secrets as pysecrets
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -470,17 +471,7 @@ def _start(launch_id: int) -> None:
         failed = plan.Check("reachable", False, f"{node.name}: {exc.message}")
         _block(launch, [*launch.checks, failed.to_json()], failed.detail)
         return
-    if launch_state.transition(
-        launch.pk,
-        LaunchStatus.STARTING,
-        frm=[LaunchStatus.PREFLIGHT],
-        pid=adopted.pid,
-        pgid=adopted.pgid,
-        remote_dir=adopted.dir or launch.remote_dir,
-        started=timezone.now(),
-        worker_token="",
-        worker_beat=None,
-    ):
+    if _to_starting(launch, adopted, timezone.now()):
         later("nodes.follow_launch", launch.pk)
     else:  # stopped while starting: make sure nothing keeps running
         teardown.stop_remote(launch)
@@ -712,7 +703,8 @@ def _start_group(first: Launch) -> None:
             _unreachable_member(members, member, exc)
             return
     if all(found[m.pk].status.pid is not None for m in members):
-        statuses = {m.pk: found[m.pk].status for m in members}  # a worker restarted: adopt
+        now = timezone.now()  # a worker restarted after starting every node: adopt them
+        statuses = {m.pk: (found[m.pk].status, now) for m in members}
     else:
         for member in members:  # a half-started group (its worker died): start all again
             if found[member.pk].status.pid is not None:
@@ -847,18 +839,18 @@ def _until_closed(first: Launch, port: int, window: float) -> None:
 
 def _start_members(
     members: list[Launch], meeting: node_group.Meeting
-) -> dict[int, agent.GroupStatus]:
+) -> dict[int, tuple[agent.GroupStatus, datetime]]:
     """Start every node's ranks, node 0 last (its store waits for the others' ranks), with
     ``--node-rank`` and ``--dist-init-addr``; the interface the nodes meet on for NCCL and Gloo
     unless the environment names one. Raises ``_MemberFailed`` (the started ones stopped)."""
     Launch.objects.filter(pk__in=[m.pk for m in members]).update(dist_init_addr=meeting.address)
-    statuses: dict[int, agent.GroupStatus] = {}
+    statuses: dict[int, tuple[agent.GroupStatus, datetime]] = {}
     for member in reversed(members):
         member.dist_init_addr = meeting.address
         interface = meeting.interfaces.get(member.node.name, "")
         try:
             with ssh.pool.session(target_for(member.node)) as conn:
-                statuses[member.pk] = _start_remote(member, conn, interface)
+                statuses[member.pk] = (_start_remote(member, conn, interface), timezone.now())
         except ssh.RemoteError as exc:
             for started in members:
                 if started.pk in statuses:
@@ -868,25 +860,27 @@ def _start_members(
     return statuses
 
 
-def _starting(members: list[Launch], statuses: dict[int, agent.GroupStatus]) -> None:
+def _to_starting(launch: Launch, status: agent.GroupStatus, started: datetime) -> str | None:
+    """``starting``, with the process group the node's agent started (or found running)."""
+    return launch_state.transition(
+        launch.pk,
+        LaunchStatus.STARTING,
+        frm=[LaunchStatus.PREFLIGHT],
+        pid=status.pid,
+        pgid=status.pgid,
+        remote_dir=status.dir or launch.remote_dir,
+        started=started,
+        worker_token="",
+        worker_beat=None,
+    )
+
+
+def _starting(
+    members: list[Launch], statuses: dict[int, tuple[agent.GroupStatus, datetime]]
+) -> None:
     """Every node's part is ``starting`` and followed on its node; a part stopped meanwhile
     stops the lot."""
-    moved = []
-    for member in members:
-        status = statuses[member.pk]
-        moved.append(
-            launch_state.transition(
-                member.pk,
-                LaunchStatus.STARTING,
-                frm=[LaunchStatus.PREFLIGHT],
-                pid=status.pid,
-                pgid=status.pgid,
-                remote_dir=status.dir or member.remote_dir,
-                started=timezone.now(),
-                worker_token="",
-                worker_beat=None,
-            )
-        )
+    moved = [_to_starting(m, *statuses[m.pk]) for m in members]
     if all(moved):
         for member in members:
             later("nodes.follow_launch", member.pk)
