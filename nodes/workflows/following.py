@@ -98,6 +98,8 @@ class Follower:
         self.down_since: float | None = None
         self.writer: LogWriter | None = None
         self.published = float("-inf")  # when the last batch went to viewers (monotonic s)
+        # A multi-node launch's group (node 0's launch), whose one log this node's lines join.
+        self.group_id: int | None = None
 
     # --- lease -----------------------------------------------------------------------------
 
