@@ -11,7 +11,7 @@ import time
 
 from simnode import gpus, state
 
-from sglang._standin import memory, store
+from sglang._standin import distinit, memory, store
 from sglang._standin.launch import Launch
 from sglang._standin.log import Log
 
@@ -61,7 +61,10 @@ def run(launch: Launch, rank: int, pipe_fd: int) -> None:
     signal.signal(signal.SIGTERM, lambda *_: _exit_cleanly())
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
-        ready = _start(launch, rank, log, title)
+        try:
+            ready = _start(launch, rank, log, title)
+        except store.StoreError as exc:  # the store's host went away under a later exchange
+            raise _from_store(exc, log) from None
     except SchedulerException as exc:
         log("Scheduler hit an exception: " + exc.traceback())
         state.release_mine()
@@ -74,7 +77,8 @@ def run(launch: Launch, rank: int, pipe_fd: int) -> None:
 
 def _rendezvous(launch: Launch, rank: int, log: Log) -> None:
     """Meet the other nodes' ranks in torch's store at ``--dist-init-addr``: global rank 0
-    serves it and waits for all of them; every rank connects (simfleet/multinode-sources.md)."""
+    serves it and waits for as many as its world size; every rank connects; then the process
+    groups and NCCL are set up through it (distinit; simfleet/multinode-sources.md)."""
     shown = launch.dist_timeout
     timeout = shown / launch.speed
     try:
@@ -84,8 +88,17 @@ def _rendezvous(launch: Launch, rank: int, log: Log) -> None:
         launch.client.ask({"join": launch.first_rank + rank})
         if server is not None:
             server.wait_for_workers(launch.world, timeout, shown)
+        distinit.run(launch, rank, log)
     except store.StoreError as exc:
-        raise SchedulerException(exc.kind, str(exc), "distributed/parallel_state.py") from None
+        raise _from_store(exc, log) from None
+
+
+def _from_store(exc: store.StoreError, log: Log) -> SchedulerException:
+    """torch's (or Gloo's, NCCL's) error as the scheduler reports it; a lost store's warning
+    is logged first, as TCPStore.cpp does."""
+    if isinstance(exc, store.StoreGone):
+        log.raw(exc.warning + "\n")
+    return SchedulerException(exc.kind, str(exc), exc.where)
 
 
 def _stick_or_die() -> None:

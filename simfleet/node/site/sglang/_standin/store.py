@@ -4,9 +4,11 @@ global rank 0 serves it on every local address at PORT, every rank (rank 0 too) 
 HOST:PORT, and the launch's collectives (the stand-in's exchanges) go through it.
 
 A client that cannot connect retries until the timeout and then fails with torch's words
-(``DistNetworkError: The client socket has timed out after …``); the store's host waits for every
-rank to join and fails with ``DistStoreError: Timed out after … waiting for clients. K/N clients
-joined.`` The protocol between stand-in ranks is JSON lines, one request and one answer each.
+(``DistNetworkError: The client socket has timed out after …``); the store's host waits until as
+many joins as its own world size were counted (torch counts them, whoever sends them) and fails
+with ``DistStoreError: Timed out after … waiting for clients. K/N clients joined.``; a client
+whose store goes away fails with ``DistNetworkError: Failed to recv, got 0 bytes. …``. The
+protocol between stand-in ranks is JSON lines, one request and one answer each.
 """
 
 from __future__ import annotations
@@ -20,11 +22,27 @@ from typing import Any
 
 
 class StoreError(Exception):
-    """torch's error as it would be raised: ``kind`` (its Python type) and its message."""
+    """torch's error as it would be raised: ``kind`` (its Python type), its message, and the
+    SGLang source file (under ``sglang/srt/``) the traceback ends in."""
 
-    def __init__(self, kind: str, message: str) -> None:
+    def __init__(
+        self, kind: str, message: str, where: str = "distributed/parallel_state.py"
+    ) -> None:
         super().__init__(message)
         self.kind = kind
+        self.where = where
+
+
+class StoreGone(StoreError):
+    """The store's host went away under a request; ``warning`` is the line torch logs first."""
+
+    def __init__(self, warning: str) -> None:
+        super().__init__(
+            "torch.distributed.DistNetworkError",
+            "Failed to recv, got 0 bytes. Connection was likely closed. Did the remote server "
+            "shutdown or crash?",
+        )
+        self.warning = warning
 
 
 def split_address(address: str) -> tuple[str, int]:
@@ -38,7 +56,7 @@ class Server:
 
     def __init__(self, port: int) -> None:
         self.values: dict[str, Any] = {}
-        self.joined: set[int] = set()
+        self.joined = 0  # TCPStore's init key: one increment per client, ranks unchecked
         self.lock = threading.Lock()
         try:
             self.sock = socket.create_server(
@@ -70,11 +88,13 @@ class Server:
                 ask = json.loads(raw)
                 with self.lock:
                     if "join" in ask:
-                        self.joined.add(int(ask["join"]))
-                        answer: Any = len(self.joined)
+                        self.joined += 1
+                        answer: Any = self.joined
                     elif "set" in ask:
                         self.values[str(ask["set"])] = ask["value"]
                         answer = True
+                    elif "get" in ask:
+                        answer = [self.values.get(str(k)) for k in ask["get"]]
                     else:
                         keys = [f"{ask['phase']}.{r}" for r in range(int(ask["n"]))]
                         have = [self.values.get(k) for k in keys]
@@ -88,7 +108,7 @@ class Server:
         started = time.monotonic()
         while True:
             with self.lock:
-                joined = len(self.joined)
+                joined = self.joined
             if joined >= world:
                 return
             if time.monotonic() - started > timeout:
@@ -132,14 +152,35 @@ class Client:
             time.sleep(0.1)
         self.sock.settimeout(None)
         self.stream = self.sock.makefile("rwb")
+        self.local = _format(self.sock.getsockname())
+        self.remote = _format(self.sock.getpeername())
 
     def ask(self, request: dict[str, Any]) -> Any:
-        self.stream.write((json.dumps(request) + "\n").encode())
-        self.stream.flush()
-        line = self.stream.readline()
+        try:
+            self.stream.write((json.dumps(request) + "\n").encode())
+            self.stream.flush()
+            line = self.stream.readline()
+        except OSError:
+            line = b""
         if not line:
-            raise StoreError(
-                "torch.distributed.DistNetworkError",
-                "Connection reset by peer: the store's host is gone",
+            # torch's recvBytes when the store's host is gone (Utils.hpp), which TCPStore.cpp
+            # logs before it is raised.
+            raise StoreGone(
+                f"[W TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd="
+                f"{self.sock.fileno()}, addr={self.local}, remote={self.remote}): Failed to recv, "
+                "got 0 bytes. Connection was likely closed. Did the remote server shutdown or "
+                "crash?"
             )
         return json.loads(line)
+
+    def get(self, keys: list[str]) -> list[Any]:
+        """The values of ``keys`` (None where not set yet)."""
+        return list(self.ask({"get": keys}))
+
+    def set(self, key: str, value: Any) -> None:
+        self.ask({"set": key, "value": value})
+
+
+def _format(address: Any) -> str:
+    """``[ip]:port``, as torch prints a socket address it cannot name."""
+    return f"[{address[0]}]:{address[1]}"
