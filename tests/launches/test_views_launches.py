@@ -134,7 +134,8 @@ def test_lines_after_a_sequence_number_and_the_full_download(viewer_client, node
         LaunchLogLine(launch=launch, seq=i, text=f"line {i}") for i in (1, 2, 3)
     )
     doc = viewer_client.get(reverse("nodes:launch-lines", args=[launch.pk]) + "?after=1").json()
-    assert doc["lines"] == [[2, "line 2", 0, ""], [3, "line 3", 0, ""]] and doc["ended"]
+    # [seq, text, level, rank, node]: the node is "" on a launch of one node.
+    assert doc["lines"] == [[2, "line 2", 0, "", ""], [3, "line 3", 0, "", ""]] and doc["ended"]
     download = viewer_client.get(reverse("nodes:launch-log", args=[launch.pk]))
     assert b"".join(download.streaming_content) == b"line 1\nline 2\nline 3\n"
     launch.log_archive = gzip.compress(b"the whole log\n")
@@ -183,7 +184,7 @@ def test_the_live_stream_resumes_after_the_last_event_id_and_ends(viewer, node, 
 
     response, body, anonymous = in_fresh_loop(fetch())
     assert response["Content-Type"] == "text/event-stream"
-    assert 'id: 3\nevent: lines\ndata: [[2, "line 2", 0, ""], [3, "line 3", 0, ""]]' in body
+    assert 'id: 3\nevent: lines\ndata: [[2, "line 2", 0, "", ""], [3, "line 3", 0, "", ""]]' in body
     assert "line 1" not in body and body.rstrip().endswith("event: end\ndata: {}")
     assert anonymous == 403
 
