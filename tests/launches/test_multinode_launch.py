@@ -35,12 +35,12 @@ def cli(settings):
     return run
 
 
-def _launch(cli, nodes: str, *flags: str, extra: tuple[str, ...] = ()) -> dict:
+def _launch(cli, nodes: str, *flags: str, extra: tuple[str, ...] = ()) -> dict[str, Any]:
     done = cli(
         "launch", "--node", nodes, "--actor", "olga", "--json", *extra, "--", *SERVER, *flags
     )
     assert done.stdout, done.stderr
-    doc = json.loads(done.stdout)
+    doc: dict[str, Any] = json.loads(done.stdout)
     doc["returncode"] = done.returncode
     return doc
 
