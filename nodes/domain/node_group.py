@@ -121,9 +121,8 @@ def meeting(flags: ParsedCommand, nodes: Sequence[GroupNode], env: dict[str, str
     share no network, or a node lacks the interface the environment names."""
     if len(nodes) < 2:
         raise PlanError("a node group has at least two nodes")
-    pinned = next((env[v] for v in INTERFACE_VARIABLES if env.get(v)), "")
-    if pinned:
-        return _pinned(flags, nodes, pinned)
+    if any(env.get(v) for v in INTERFACE_VARIABLES):
+        return _pinned(flags, nodes, env)
     first, rest = nodes[0], nodes[1:]
     for own in first.interfaces:
         if own.loopback:
@@ -191,38 +190,76 @@ def given_meeting(flags: ParsedCommand, nodes: Sequence[GroupNode]) -> Meeting |
     return Meeting(str(ip), port, chosen, warnings)
 
 
-def _pinned(flags: ParsedCommand, nodes: Sequence[GroupNode], name: str) -> Meeting:
-    """Every node uses interface ``name``: node 0's address on it is the meeting point."""
-    found: dict[str, Interface] = {}
+def interface_matches(spec: str, name: str, *, exact: bool = False) -> bool:
+    """Whether interface ``name`` is one that ``spec`` lets the collectives use: NCCL's
+    ``NCCL_SOCKET_IFNAME`` syntax (NCCL's environment documentation): names separated by commas,
+    each a prefix (``eth`` is ``eth0``, ``eth1``…), exact after a leading ``=``, excluded after a
+    leading ``^``; ``exact`` for Gloo's ``GLOO_SOCKET_IFNAME``, whose names are exact."""
+    spec = spec.strip()
+    excluded = spec.startswith("^")
+    spec = spec[1:] if excluded else spec
+    if spec.startswith("="):
+        spec, exact = spec[1:], True
+    names = [part for part in spec.split(",") if part]
+    hit = any(name == part if exact else name.startswith(part) for part in names)
+    return not hit if excluded else hit
+
+
+def _pinned(flags: ParsedCommand, nodes: Sequence[GroupNode], env: dict[str, str]) -> Meeting:
+    """Every node's collectives use the interfaces the environment names (both variables where
+    both are set): node 0's address on the first of them (not loopback) is the meeting point."""
+    specs = [
+        (variable, env[variable], variable.startswith("GLOO"))
+        for variable in INTERFACE_VARIABLES
+        if env.get(variable)
+    ]
+    usable: dict[str, list[Interface]] = {}
     for node in nodes:
-        match = next((i for i in node.interfaces if i.name == name), None)
-        if match is None:
-            have = ", ".join(i.name for i in node.interfaces) or "none"
+        have = ", ".join(dict.fromkeys(i.name for i in node.interfaces)) or "none"
+        left = list(node.interfaces)
+        for variable, spec, exact in specs:
+            if not any(interface_matches(spec, i.name, exact=exact) for i in node.interfaces):
+                raise PlanError(
+                    f"{node.name} has no interface that {variable}={spec[:64]} names (the "
+                    f"launch's environment pins its collectives to it); its interfaces: {have}"
+                )
+            left = [i for i in left if interface_matches(spec, i.name, exact=exact)]
+        if not left:
             raise PlanError(
-                f"{node.name} has no interface {name} (the launch's environment pins "
-                f"NCCL/Gloo to it); its interfaces: {have}"
+                f"{node.name} has no interface that every one of "
+                + ", ".join(f"{v}={s[:64]}" for v, s, _ in specs)
+                + f" names; its interfaces: {have}"
             )
-        found[node.name] = match
-    own = found[nodes[0].name]
+        usable[node.name] = left
+    first = nodes[0]
+    own = next((i for i in usable[first.name] if not i.loopback), usable[first.name][0])
     warnings = []
     if own.loopback:
         warnings.append(
-            f"{name} is a loopback interface: other nodes cannot reach {nodes[0].name} on it"
+            f"{own.name} is a loopback interface: other nodes cannot reach {first.name} on it"
         )
     network = own.parsed.network
+    chosen = {first.name: own.name}
     for node in nodes[1:]:
-        other = found[node.name]
-        if other.parsed.ip not in network:
+        other = next((i for i in usable[node.name] if i.parsed.ip in network), None)
+        if other is None:
+            other = usable[node.name][0]
             warnings.append(
-                f"{node.name}'s {name} ({other.address}) is not in {nodes[0].name}'s subnet "
+                f"{node.name}'s {other.name} ({other.address}) is not in {first.name}'s subnet "
                 f"{network}: its ranks reach node 0 only if something routes between the two"
             )
-    return Meeting(
-        str(own.parsed.ip),
-        dist_port(flags),
-        {n: i.name for n, i in found.items()},
-        warnings,
-    )
+        chosen[node.name] = other.name
+    return Meeting(str(own.parsed.ip), dist_port(flags), chosen, warnings)
+
+
+def fallback_meeting(flags: ParsedCommand, nodes: Sequence[GroupNode]) -> Meeting | None:
+    """Node 0's first address that is not loopback, for a launch whose ``network`` check was
+    overridden (the operator knows a route the addresses do not show); None without one."""
+    own = next((i for i in nodes[0].interfaces if not i.loopback), None)
+    if own is None:
+        return None
+    warning = f"the network check was overridden: the nodes meet at {nodes[0].name}'s {own.name}"
+    return Meeting(str(own.parsed.ip), dist_port(flags), {nodes[0].name: own.name}, [warning])
 
 
 def node_args(args: Sequence[str], node_rank: int, meeting_point: Meeting | str) -> list[str]:

@@ -243,17 +243,23 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "settled": launch.status in LAUNCH_ENDED
         and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete))
         and all(n["status"] in LAUNCH_ENDED for n in group),
-        "stoppable": launch.status not in LAUNCH_ENDED,
+        # A part is stopped with its launch, from node 0's page.
+        "stoppable": launch.status not in LAUNCH_ENDED and launch.group_id is None,
         # GPUs an ended launch still holds: their memory did not come back when it ended.
         "held_gpus": list(launch.reservations.filter(kind="gpu").values_list("number", flat=True))
         if launch.status in LAUNCH_ENDED
         else [],
         "diagnosis": diagnosis,
         "fix": remedy.describe(diagnosis["changes"]) if diagnosis else "",
-        "endpoint": _endpoint(launch) if launch.status == LaunchStatus.READY else None,
+        # A node of rank ≥ 1 serves no requests (only a dummy /health): node 0's launch does.
+        "endpoint": _endpoint(launch)
+        if launch.status == LaunchStatus.READY and launch.group_id is None
+        else None,
         "effective": _effective(launch.server_info),
         # In the polled part, so a launch that pre-flight blocks offers it without a reload.
-        "relaunch": _relaunch_form(launch) if launch.status == LaunchStatus.BLOCKED else None,
+        "relaunch": _relaunch_form(launch)
+        if launch.status == LaunchStatus.BLOCKED and launch.group_id is None
+        else None,
         "blocked_fix": remedy.describe(fixes.blocked_fix(launch))
         if launch.status == LaunchStatus.BLOCKED
         else "",
@@ -562,7 +568,12 @@ def launch_test_request(request: HtmxHttpRequest, pk: int) -> HttpResponse:
     launch = get_object_or_404(_seen(request).select_related("node"), pk=pk)
     context: dict[str, Any] = {"launch": launch}
     if request.method == "POST":
-        if launch.status != LaunchStatus.READY:
+        if launch.group_id is not None:
+            context["error"] = (
+                f"launch #{launch.pk} is node rank {launch.node_rank} of launch "
+                f"#{launch.group_id}, which serves the requests: test that one"
+            )
+        elif launch.status != LaunchStatus.READY:
             context["error"] = f"launch #{launch.pk} is {launch.get_status_display().lower()}"
         else:
             reading = str(uuid.uuid4())

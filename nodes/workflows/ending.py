@@ -75,8 +75,12 @@ def stop(
     back the status it had.
     """
     launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch_id)
+    if launch.group_id is not None:
+        # One node's part of a multi-node launch: its ranks are nothing without the others',
+        # so the whole launch stops.
+        launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch.group_id)
     token = token or pysecrets.token_hex(8)
-    parts = group_members(launch, exclude=launch) if launch.group_id is None else []
+    parts = group_members(launch, exclude=launch)
     for part in parts:
         # Every node's part is stopping before any rank is signalled: a rank that dies of its
         # peers' end then fails nothing.

@@ -535,6 +535,26 @@ class Follower:
                 Launch.objects.values_list("last_seq", flat=True).get(pk=self.group_id),
             )
 
+    def _part_gone(self, launch: Launch) -> bool:
+        """A multi-node launch serving without one of its nodes' parts (ended, lost): its
+        collectives would hang on the next request, so it fails, naming the node."""
+        if self.group_id != launch.pk:
+            return False
+        # A part stopping is the group's stop under way (its parts are marked first).
+        gone = (
+            launch.parts.exclude(status__in=[LaunchStatus.READY, LaunchStatus.STOPPING])
+            .select_related("node")
+            .first()
+        )
+        if gone is None:
+            return False
+        teardown.fail(
+            launch.pk,
+            f"{gone.node.name} (node rank {gone.node_rank}) is {gone.status} while node 0 "
+            f"serves: {gone.reason or 'its ranks are gone'}",
+        )
+        return True
+
     def _try_part_ready(self, launch: Launch, client: Any) -> None:
         """A node of rank ≥ 1 serves no requests: once its ranks are ready it answers a dummy
         ``/health`` (200, always) on the server's port (SGLang's engine.py, node_rank ≥ 1)."""
@@ -603,6 +623,8 @@ class Follower:
                 )
             Launch.objects.filter(pk=launch.pk).update(**fields)
             launch.refresh_from_db()
+            if self._part_gone(launch):
+                return
             if launch.group_id is None and known_good_due(launch) and not self.stamp_queued:
                 later("nodes.stamp_launch", launch.pk)
                 self.stamp_queued = True

@@ -197,7 +197,11 @@ def create(
             raise LaunchInputError("; ".join(refused))
     flags = [_launchable(revision, each, port) for each in group]
     _check_node_count(flags[0], group)
-    chosen = [_gpus_for(each, f, gpus) for each, f in zip(group, flags, strict=True)]
+    if len(group) > 1:
+        _check_group(group, flags[0])
+    chosen = [
+        _group_gpus(each, f, gpus, len(group) > 1) for each, f in zip(group, flags, strict=True)
+    ]
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
         for each in sorted(group, key=lambda n: n.pk):
@@ -232,9 +236,14 @@ def create(
         blocking = next((c for c in taken if not c.passed), None)
         if blocking is not None:
             where = f"{blocking.node}: " if blocking.node else ""
-            detail = (
-                blocking.detail if blocking.name == "reservation" else f"budget: {blocking.detail}"
-            )
+            detail = blocking.detail
+            if blocking.name != "reservation":
+                detail = f"budget: {detail}"
+            elif len(group) > 1 and f"port {node_group.dist_port(flags[0])} by" in detail:
+                detail += (
+                    " (the store's port, --dist-init-addr's: another multi-node launch has node "
+                    "0 there; give --dist-init-addr another port)"
+                )
             for launch in launches:
                 launch_state.transition(
                     launch.pk,
@@ -263,9 +272,45 @@ def create(
     return first
 
 
+def _group_gpus(
+    node: Node, flags: ParsedCommand, wanted: list[int] | None, named: bool
+) -> list[int]:
+    """``_gpus_for`` on one node of a launch, its refusal ``named`` by the node where several
+    nodes are launched on."""
+    try:
+        return _gpus_for(node, flags, wanted)
+    except LaunchInputError as exc:
+        raise LaunchInputError(f"{node.name}: {exc}" if named else str(exc)) from None
+
+
+def _check_group(group: list[Node], flags: ParsedCommand) -> None:
+    """Nodes that are really several, and node 0's ports apart: raises ``LaunchInputError``."""
+    seen: dict[tuple[str, int], str] = {}
+    for each in group:
+        other = seen.setdefault((each.host.lower(), each.port), each.name)
+        if other != each.name:
+            raise LaunchInputError(
+                f"{other} and {each.name} are the same machine ({each.host}:{each.port}): "
+                "each node of the launch must be another machine"
+            )
+    ports = node_group.node_ports(flags, 0)
+    try:
+        plan.check_port_numbers(ports)
+    except plan.PlanError as exc:
+        raise LaunchInputError(str(exc)) from None
+    store = node_group.dist_port(flags)
+    if store in (plan.server_port(flags), flags.get("nccl_port")):
+        raise LaunchInputError(
+            f"the store's port {store} (--dist-init-addr) is also the server's --port or "
+            "--nccl-port on node 0: give --dist-init-addr another port"
+        )
+
+
 def _check_node_count(flags: ParsedCommand, group: list[Node]) -> None:
     """The command's ``--nnodes`` is the number of nodes named; raises ``LaunchInputError``."""
     wanted = plan.nodes_needed(flags)
+    if wanted < 1:
+        raise LaunchInputError(f"--nnodes {wanted}: the number of nodes must be at least 1")
     if wanted == len(group):
         return
     if wanted > 1 and len(group) == 1:
@@ -780,6 +825,8 @@ def _group_checks(
     ]
     network, meeting = node_group.check_network(flags, nodes, flags.env)
     checks.append(network)
+    if meeting is None and first.overrides.get("network"):
+        meeting = node_group.fallback_meeting(flags, nodes)
     if meeting is not None:
         checks += _reach_checks(members, meeting)
     for check in checks:

@@ -87,7 +87,10 @@ def test_an_interface_pinned_by_the_environment_is_used_and_warned_about():
     loop = group.meeting(flags(tp_size=16, nnodes=2), nodes, {"GLOO_SOCKET_IFNAME": "lo"})
     assert loop.warnings[0] == "lo is a loopback interface: other nodes cannot reach a on it"
     no_ib = [nodes[0], node("b", LO, ("eth0", "192.168.1.11/24"))]
-    with pytest.raises(PlanError, match="b has no interface ib0 .*its interfaces: lo, eth0$"):
+    with pytest.raises(
+        PlanError,
+        match="b has no interface that NCCL_SOCKET_IFNAME=ib0 names .*its interfaces: lo, eth0$",
+    ):
         group.meeting(flags(tp_size=16, nnodes=2), no_ib, {"NCCL_SOCKET_IFNAME": "ib0"})
 
 
@@ -151,3 +154,29 @@ def test_the_revisions_own_dist_init_addr_is_kept_when_it_is_node_0s():
     warned, met = group.check_network(named, nodes, {})
     assert warned.passed and "every node resolves it itself" in warned.detail
     assert met is not None and met.address == "head-node:6000"
+
+
+@pytest.mark.parametrize(
+    ("spec", "exact", "names"),
+    [
+        ("eth", False, ["eth0", "eth1"]),  # NCCL: a prefix
+        ("=eth1", False, ["eth1"]),  # exact after "="
+        ("^lo,docker", False, ["eth0", "eth1", "ib0"]),  # excluded after "^"
+        ("ib0,eth1", False, ["eth1", "ib0"]),
+        ("eth1", True, ["eth1"]),  # Gloo: exact names
+    ],
+)
+def test_interface_names_are_read_as_nccl_and_gloo_read_them(spec, exact, names):
+    every = ["lo", "eth0", "eth1", "ib0", "docker0"]
+    assert [n for n in every if group.interface_matches(spec, n, exact=exact)] == names
+
+
+def test_both_variables_are_checked_and_nccls_prefix_finds_the_interface():
+    nodes = [node("a", LO, ("eth1", "10.0.0.1/24")), node("b", LO, ("eth1", "10.0.0.2/24"))]
+    met = group.meeting(flags(), nodes, {"NCCL_SOCKET_IFNAME": "eth"})
+    assert met.host == "10.0.0.1" and met.interfaces == {"a": "eth1", "b": "eth1"}
+    env = {"NCCL_SOCKET_IFNAME": "eth1", "GLOO_SOCKET_IFNAME": "bogus0"}
+    with pytest.raises(PlanError, match="a has no interface that GLOO_SOCKET_IFNAME=bogus0"):
+        group.meeting(flags(), nodes, env)
+    forced = group.fallback_meeting(flags(), nodes)
+    assert forced is not None and forced.address == "10.0.0.1:5000"

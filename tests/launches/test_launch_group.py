@@ -8,7 +8,7 @@ from django.contrib.auth.models import User
 
 from nodes.models import Launch, LaunchProfile, ProfileRevision, Reservation
 from nodes.models.choices import LaunchStatus
-from nodes.workflows import launching
+from nodes.workflows import ending, launching
 from nodes.workflows.log_writer import Batch, LogWriter
 from tests.factories import make_node, make_user
 
@@ -123,3 +123,24 @@ def test_two_nodes_writers_number_one_log_in_the_order_they_commit(nodes):
     part.refresh_from_db()
     assert (launch.last_seq, launch.log_offset, part.log_offset) == (4, 70, 50)
     assert not part.lines.exists()
+
+
+def test_a_group_on_one_machine_twice_or_with_its_store_on_the_servers_port_is_refused(nodes):
+    alias = make_node("gpu-02-again", host="10.0.0.6", host_key=KEY)
+    with pytest.raises(launching.LaunchInputError, match="gpu-02 and gpu-02-again are the same"):
+        _create([nodes[1], alias])
+    clash = _revision(nodes[0], [*TP8_2N, "--port", "5000"])
+    with pytest.raises(launching.LaunchInputError, match="store's port 5000"):
+        _create(nodes, clash)
+    assert not Launch.objects.exists()
+
+
+def test_stopping_a_part_stops_the_whole_launch(nodes):
+    launch = _create(nodes)
+    part = launch.parts.get()
+    # These nodes are not there: the stop reaches for both and fails, saying so on both.
+    outcome = ending.stop(part.pk, actor=make_user("stan", "operator"))
+    assert outcome.launch.pk == launch.pk
+    for each in (launch, part):
+        each.refresh_from_db()
+        assert each.stop_attempts == 1 and each.reason.startswith("stop failed"), each.reason

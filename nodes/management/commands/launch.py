@@ -47,7 +47,9 @@ def nodes_named(text: str) -> list[Node]:
     ``CommandError`` for a name with no node."""
     names = [n.strip() for n in text.split(",")]
     if any(not n for n in names):
-        raise CommandError(f"--node {text!r}: expected NAME or NAME,NAME,… (node 0 first)", 2)
+        raise CommandError(
+            f"--node {text!r}: expected NAME or NAME,NAME,… (node 0 first)", returncode=2
+        )
     found = {n.name: n for n in Node.objects.filter(name__in=names)}
     missing = [n for n in names if n not in found]
     if missing:
