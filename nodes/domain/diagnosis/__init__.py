@@ -15,7 +15,8 @@ shared log formats; the rules live in modules named for what ran out or failed (
 with its ``host_pools`` helpers, ``gpu_memory`` and ``gpu_holders`` with ``pytorch_oom``
 for PyTorch's out-of-memory text, ``ports``, ``nccl``,
 ``launch_settings``, ``startup``, ``runtime``, ``vllm``, ``multinode`` for the nodes
-and ranks of a launch over several nodes); ``engine`` puts them in order
+and ranks of a launch over several nodes, ``node_setup`` for a node set up unlike the others:
+an interface it lacks, another NCCL); ``engine`` puts them in order
 (``RULES``) and runs them (``diagnose``), and holds the one rule that runs the others
 (``leaked_after_cleanup``). A rule reads its figures first (a small frozen dataclass, or
 ``None`` when it does not apply) and words them second, so the arithmetic can be read apart from

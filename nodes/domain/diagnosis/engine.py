@@ -16,6 +16,7 @@ from nodes.domain.diagnosis import (
     launch_settings,
     multinode,
     nccl,
+    node_setup,
     ports,
     startup,
     vllm,
@@ -65,6 +66,7 @@ from nodes.domain.diagnosis.nccl import (
     shm_insufficient,
     startup_collective_timeout,
 )
+from nodes.domain.diagnosis.node_setup import interface_missing, nccl_versions_differ
 from nodes.domain.diagnosis.ports import (
     dist_store_in_use,
     port_bind_in_use,
@@ -134,6 +136,8 @@ RULES: Sequence[Rule] = (
     engine_ready_timeout,
     router_timeout,
     store_rendezvous,
+    interface_missing,
+    nccl_versions_differ,
     rank_died_in_init,
     nccl_init_hang,
     nccl_shm,
@@ -175,6 +179,7 @@ _RECOGNISES: Mapping[Rule, tuple[str, re.Pattern[str]]] = {
     **launch_settings.RECOGNISES,
     **multinode.RECOGNISES,
     **nccl.RECOGNISES,
+    **node_setup.RECOGNISES,
     **ports.RECOGNISES,
     **startup.RECOGNISES,
     **vllm.RECOGNISES,
