@@ -1,7 +1,8 @@
 """The diagnosis of a launch over several nodes (issue 22): what an operator reads names the node
 and the ranks — a node whose ranks never joined the store, a node that could not reach it, a
-rank that died during init on one node, the nodes parting while serving — and any other
-diagnosis of such a bundle says which node its line came from.
+rank that died during init on one node, a node without the interface NCCL_SOCKET_IFNAME or
+GLOO_SOCKET_IFNAME names, nodes on different NCCL versions, the nodes parting while serving —
+and any other diagnosis of such a bundle says which node its line came from.
 
 Bundles are built as ``services.bundles`` writes them: each line after ``[NODE] ``, node 0's
 facts with ``extra.group`` listing every node's TP ranks and snapshots.
@@ -15,6 +16,7 @@ import pytest
 
 from nodes.domain.diagnosis import diagnose
 from nodes.domain.diagnosis.evidence import Log
+from nodes.domain.diagnosis.node_setup import nccl_selects, nccl_version
 from tests.cases import flags_of
 
 READY = "[2026-12-01 10:05:00] The server is fired up and ready to roll!"
@@ -391,3 +393,311 @@ def test_tagged_lines_keep_the_rules_reading_sglang_s_prefix():
     assert found.category == "nccl-init-hang"
     assert found.numbers["hang_seconds_until_kill"] == 300
     assert "line 2 is from node-b (node rank 1, TP8–TP15)" in found.summary
+
+
+# --- an interface a node does not have --------------------------------------------------------
+
+GLOO_ERROR = (
+    "RuntimeError: [enforce fail at /pytorch/third_party/gloo/gloo/transport/tcp/device.cc:84] "
+    "ifa != nullptr. Unable to find address for: {name}"
+)
+INVALID_USAGE = "RuntimeError: NCCL error: invalid usage (run with NCCL_DEBUG=WARN for details)"
+NO_INTERFACE = (
+    "{node}:6120:6120 [{dev}] bootstrap.cc:229 NCCL WARN Bootstrap : no socket interface found"
+)
+
+
+def _interfaces(*pairs: tuple[str, str]) -> list[dict[str, Any]]:
+    listed = [{"name": "lo", "ipv4": "127.0.0.1/8", "default_route": False}]
+    listed += [{"name": n, "ipv4": a, "default_route": i == 0} for i, (n, a) in enumerate(pairs)]
+    return [{"phase": "before_launch", "network": {"interfaces": listed}}]
+
+
+BOND_NODES = {
+    "node-a": _interfaces(("eno1", "192.168.10.11/24"), ("bond1", "10.0.1.11/24")),
+    "node-b": _interfaces(("eno1", "192.168.10.12/24"), ("bond0", "10.0.1.12/24")),
+}
+
+
+def _with_env(facts: dict[str, Any], **env: str) -> dict[str, Any]:
+    return {**facts, "env": env}
+
+
+def test_a_gloo_interface_one_node_lacks_names_the_node_what_it_has_and_the_shared_one():
+    rows = (
+        _begins("node-b", range(8, 16))
+        + _begins("node-a", range(8))
+        + _raised("node-b", 8, GLOO_ERROR.format(name="bond1"))
+        + _raised("node-b", 11, GLOO_ERROR.format(name="bond1"))
+    )
+    facts = _facts(["node-a", "node-b"], snapshots=BOND_NODES)
+    found = _run(rows, _with_env(facts, GLOO_SOCKET_IFNAME="bond1", NCCL_SOCKET_IFNAME="bond1"))
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "GLOO_SOCKET_IFNAME=bond1 names an interface node-b (node rank 1, TP8–TP15) does not "
+        "have: Gloo found no address for bond1 when the world group was made, and node-b's "
+        "ranks died (TP8 and TP11 in the log)"
+    )
+    assert (
+        "node-b has eno1 192.168.10.12/24 and bond0 10.0.1.12/24 — bond0 is on 10.0.1.0/24, "
+        "where node-a has bond1"
+    ) in found.summary
+    assert "NCCL_SOCKET_IFNAME=bond1 names nothing there either" in found.summary
+    assert "node-a's ranks were left waiting for node-b's" in found.summary
+    assert found.remedy.startswith(
+        "name an interface every node has on the network they share (10.0.1.0/24)"
+    )
+    assert "NCCL_SOCKET_IFNAME=bond1,bond0 selects it on every node" in found.remedy
+    assert "GLOO_SOCKET_IFNAME=bond1 on node-a, GLOO_SOCKET_IFNAME=bond0 on node-b" in found.remedy
+    assert "leave them unset and let Rankwise pin each node's own interface" in found.remedy
+    assert found.evidence[0].text.startswith("[node-b] [2026-12-01 10:10:01 TP8] Scheduler hit")
+    assert found.evidence[1].text.endswith("Unable to find address for: bond1")
+    assert found.evidence[-1].source == "snapshot"
+    assert found.evidence[-1].text == (
+        "[node-b] interfaces: lo 127.0.0.1/8, eno1 192.168.10.12/24, bond0 10.0.1.12/24"
+    )
+
+
+def test_without_snapshots_the_gloo_failure_still_names_the_node_and_the_interface():
+    rows = _begins("node-b", range(8, 16)) + _raised("node-b", 9, GLOO_ERROR.format(name="ib0"))
+    found = _run(rows, _facts(["node-a", "node-b"]))
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "GLOO_SOCKET_IFNAME=ib0 names an interface node-b (node rank 1, TP8–TP15) does not have"
+    )
+    assert "GLOO_SOCKET_IFNAME takes exact names, so set it per node" in found.remedy
+    assert "`ip -br addr` on node-b" in found.remedy
+
+
+def test_an_address_given_for_an_interface_name_is_said_to_be_one():
+    rows = _begins("node-b", range(8, 16)) + _raised(
+        "node-b", 8, GLOO_ERROR.format(name="10.0.1.12")
+    )
+    found = _run(rows, _with_env(_facts(["node-a", "node-b"]), GLOO_SOCKET_IFNAME="10.0.1.12"))
+
+    assert found.summary.startswith(
+        "GLOO_SOCKET_IFNAME=10.0.1.12 (an address: the variable takes an interface name) names "
+        "an interface node-b"
+    )
+
+
+def test_nccl_s_warning_names_the_variable_the_interface_and_what_the_node_has():
+    snapshots = {
+        "ws-01": _interfaces(("eth0", "192.168.0.21/24")),
+        "ws-02": _interfaces(("eno1", "192.168.0.22/24")),
+    }
+    rows = (
+        _begins("ws-01", range(2))
+        + _begins("ws-02", range(2, 4))
+        + [("ws-01", "[2026-12-01 10:00:02 TP0] sglang is using nccl==2.27.5")]
+        + [("ws-02", NO_INTERFACE.format(node="ws-02", dev=0))]
+        + _raised("ws-02", 2, INVALID_USAGE)
+    )
+    facts = _facts(["ws-01", "ws-02"], tp=4, snapshots=snapshots)
+    found = _run(rows, _with_env(facts, NCCL_SOCKET_IFNAME="eth0", NCCL_DEBUG="WARN"))
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "NCCL_SOCKET_IFNAME=eth0 matches no interface of ws-02 (node rank 1, TP2–TP3): NCCL's "
+        "bootstrap found no socket interface there and its ranks failed ncclCommInitRank with "
+        "invalid usage (TP2 in the log)"
+    )
+    assert "ws-02 has eno1 192.168.0.22/24 — eno1 is on 192.168.0.0/24, where ws-01 has eth0" in (
+        found.summary
+    )
+    assert "ws-01's ranks were left waiting for ws-02's" in found.summary
+    assert "NCCL_SOCKET_IFNAME=eth0,eno1 selects it on every node" in found.remedy
+    assert "GLOO_SOCKET_IFNAME" not in found.remedy.split(" — ")[0]
+    assert found.evidence[0].text.startswith("[ws-02] ws-02:6120:6120 [0] bootstrap.cc:229")
+
+
+def test_without_nccl_s_warning_the_node_s_snapshot_shows_the_interface_it_lacks():
+    """NCCL_DEBUG unset: only SGLang's "invalid usage"; the launch's NCCL_SOCKET_IFNAME against
+    the interfaces node-b's snapshot lists says which."""
+    snapshots = {
+        "node-a": _interfaces(("eth0", "10.0.0.1/24")),
+        "node-b": _interfaces(("ens5", "10.0.0.2/24")),
+    }
+    rows = (
+        _begins("node-a", range(8))
+        + _begins("node-b", range(8, 16))
+        + _raised("node-b", 12, INVALID_USAGE)
+    )
+    facts = _facts(["node-a", "node-b"], snapshots=snapshots)
+    found = _run(rows, _with_env(facts, NCCL_SOCKET_IFNAME="eth"))
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "NCCL_SOCKET_IFNAME=eth matches no interface of node-b (node rank 1, TP8–TP15): its "
+        "ranks failed NCCL's communicator init with invalid usage (TP12 in the log)"
+    )
+    assert "what NCCL returns when NCCL_SOCKET_IFNAME selects no interface" in found.summary
+    assert "node-b has ens5 10.0.0.2/24 — ens5 is on 10.0.0.0/24, where node-a has eth0" in (
+        found.summary
+    )
+    assert "NCCL_SOCKET_IFNAME=eth0,ens5" in found.remedy
+
+
+def test_a_node_that_has_the_interface_is_not_said_to_lack_it():
+    """NCCL_SOCKET_IFNAME is a list of prefixes: ``eth`` selects eth1; node-b's failure is
+    something else, read by the rank-died rule."""
+    snapshots = {
+        "node-a": _interfaces(("eth0", "10.0.0.1/24")),
+        "node-b": _interfaces(("eth1", "10.0.0.2/24")),
+    }
+    rows = (
+        _begins("node-a", range(8))
+        + _begins("node-b", range(8, 16))
+        + _raised("node-b", 12, "RuntimeError: NCCL error: unhandled system error")
+    )
+    facts = _facts(["node-a", "node-b"], snapshots=snapshots)
+    found = _run(rows, _with_env(facts, NCCL_SOCKET_IFNAME="eth"))
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith("TP12 on node-b (node rank 1, TP8–TP15) died during")
+    assert "matches no interface" not in found.summary
+
+
+def test_on_one_node_a_wrong_gloo_interface_is_unset():
+    facts = {
+        "node": {"name": "gpu01"},
+        "env": {"GLOO_SOCKET_IFNAME": "eth0"},
+        "snapshots": _interfaces(("ens3", "192.168.10.25/24")),
+    }
+    log = "\n".join(
+        ["[2026-12-01 10:00:00 TP0] Init torch distributed begin."]
+        + [text for _, text in _raised("", 0, GLOO_ERROR.format(name="eth0"))]
+    )
+    found = diagnose(log, facts, {"tp_size": 2})
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "GLOO_SOCKET_IFNAME=eth0 names an interface gpu01 does not have"
+    )
+    assert "gpu01 has ens3 192.168.10.25/24" in found.summary
+    assert found.remedy.startswith(
+        "unset GLOO_SOCKET_IFNAME: a launch on one node needs no interface between nodes; or "
+        "name one the node has (ens3)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "names", "selected"),
+    [
+        ("eth0", ["lo", "eth0"], ["eth0"]),
+        ("eth", ["eth1", "eno1"], ["eth1"]),
+        ("eno1,eth0", ["eth0"], ["eth0"]),
+        ("^lo,docker", ["lo", "docker0", "ens5"], ["ens5"]),
+        ("=eth", ["eth0"], []),
+        ("=eth0", ["eth0", "eth01"], ["eth0"]),
+        ("bond1", ["bond0"], []),
+    ],
+)
+def test_nccl_socket_ifname_selects_as_nccl_does(value, names, selected):
+    assert nccl_selects(value, names) == selected
+
+
+# --- NCCL versions that differ between the nodes ----------------------------------------------
+
+MISMATCH = (
+    "{node}:4100:4100 [{dev}] init.cc:1087 NCCL WARN Mismatched NCCL version detected : rank "
+    "{peer} version {peer_code} rank {rank} version {code}"
+)
+
+
+def test_nccl_s_version_warnings_name_each_node_s_nccl():
+    rows = (
+        _begins("node-a", range(8))
+        + _begins("node-b", range(8, 16))
+        + [("node-a", "[2026-12-01 10:00:02 TP0] sglang is using nccl==2.27.5")]
+        + [
+            (
+                "node-a",
+                MISMATCH.format(node="node-a", dev=0, peer=8, peer_code=22703, rank=0, code=22705),
+            ),
+            (
+                "node-b",
+                MISMATCH.format(node="node-b", dev=1, peer=0, peer_code=22705, rank=9, code=22703),
+            ),
+        ]
+        + _raised("node-a", 0, INVALID_USAGE)
+        + _raised("node-b", 9, INVALID_USAGE)
+    )
+    facts = _facts(["node-a", "node-b"])
+    facts["extra"]["checks"] = [
+        {"name": "sglang", "passed": True, "detail": "every node runs SGLang 0.5.9", "override": ""}
+    ]
+    found = _run(rows, facts)
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "the nodes run different NCCL versions: node-a (node rank 0, TP0–TP7) runs NCCL 2.27.5 "
+        "(version code 22705), node-b (node rank 1, TP8–TP15) 2.27.3 (22703); NCCL compares "
+        "every rank's version when a communicator is made"
+    )
+    assert "node 0's SGLang says it uses NCCL 2.27.5" in found.summary
+    assert (
+        "the pre-flight found the same SGLang on every node (every node runs SGLang 0.5.9), so "
+        "the NCCL library itself differs"
+    ) in found.summary
+    assert found.remedy.startswith(
+        "run the same NCCL on every node (node-b has 2.27.3, node-a (node 0) 2.27.5)"
+    )
+    assert "torch.cuda.nccl.version()" in found.remedy
+    assert [e.text[:8] for e in found.evidence[:2]] == ["[node-a]", "[node-b]"]
+    assert found.numbers["nccl_version_code_node1"] == 22703
+
+
+def test_without_nccl_s_warnings_invalid_usage_on_every_node_is_the_version_check():
+    rows = (
+        _begins("node-a", range(8))
+        + _begins("node-b", range(8, 16))
+        + _raised("node-a", 0, INVALID_USAGE)
+        + _raised("node-b", 9, INVALID_USAGE)
+    )
+    facts = _facts(["node-a", "node-b"])
+    facts["extra"]["checks"] = [
+        {
+            "name": "sglang",
+            "passed": False,
+            "detail": "node-b runs SGLang 0.5.2 but node-a (node 0) runs 0.5.9: every node must "
+            "run the same version (node-a 0.5.9, node-b 0.5.2)",
+            "override": "same minor release",
+        }
+    ]
+    found = _run(rows, facts)
+
+    assert found.category == "nccl-init-hang"
+    assert found.summary.startswith(
+        "ranks of node-a (node rank 0, TP0–TP7) and node-b (node rank 1, TP8–TP15) all failed "
+        "NCCL's communicator init with invalid usage (TP0, TP9"
+    )
+    assert "most likely NCCL's version check — the nodes run different NCCL" in found.summary
+    assert (
+        "the pre-flight's version check was overridden: node-b runs SGLang 0.5.2 but node-a "
+        "(node 0) runs 0.5.9"
+    ) in found.summary
+    assert found.remedy.startswith("run the same NCCL on every node: the same SGLang and torch")
+    assert found.remedy.endswith("(with NCCL_DEBUG=WARN, which prints NCCL's own reason)")
+
+
+def test_invalid_usage_on_one_node_only_is_not_called_a_version_mismatch():
+    rows = (
+        _begins("node-a", range(8))
+        + _begins("node-b", range(8, 16))
+        + _raised("node-b", 9, INVALID_USAGE)
+    )
+    found = _run(rows, _facts(["node-a", "node-b"]))
+
+    assert found.category == "nccl-init-hang"
+    assert "NCCL versions" not in found.summary
+    assert found.summary.startswith("TP9 on node-b (node rank 1, TP8–TP15) died during")
+
+
+@pytest.mark.parametrize(
+    ("code", "release"), [(22705, "2.27.5"), (23007, "2.30.7"), (21003, "2.10.3"), (2803, "2.8.3")]
+)
+def test_nccl_version_codes_read_as_releases(code, release):
+    assert nccl_version(code) == release
