@@ -564,13 +564,18 @@ class Follower:
             if exc.kind not in ("refused", "timeout"):
                 raise
             return
-        if status == 200 and launch_state.transition(
+        if status != 200:
+            return
+        # Its ranks print no ready line (node 0's HTTP server does): its phase is ready now.
+        self.progress.phase = "ready"
+        if launch_state.transition(
             launch.pk,
             LaunchStatus.READY,
             frm=[LaunchStatus.STARTING, LaunchStatus.LOADING],
             ready_at=timezone.now(),
             health_at=timezone.now(),
             reason="",
+            progress=self.progress.to_json(),
         ):
             self._tell()
 

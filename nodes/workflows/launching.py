@@ -315,12 +315,13 @@ def _check_node_count(flags: ParsedCommand, group: list[Node]) -> None:
         return
     if wanted > 1 and len(group) == 1:
         raise LaunchInputError(
-            f"--nnodes {wanted} is a multi-node launch: name its {wanted} nodes in rank order "
-            "(node 0 first), e.g. --node a,b"
+            f"--nnodes {wanted} is a multi-node launch: name its {wanted} nodes in rank order, "
+            f"node 0 first (the {wanted - 1} other node(s) beside node 0)"
         )
+    said = f"says --nnodes {wanted}" if "nnodes" in flags.given else "runs on 1 node (no --nnodes)"
     raise LaunchInputError(
-        f"the command says --nnodes {wanted} but {len(group)} nodes are named: name one node per "
-        "--nnodes, in rank order"
+        f"the command {said} but {len(group)} nodes are named: give --nnodes {len(group)} in "
+        "the command, or name one node per --nnodes, in rank order"
     )
 
 

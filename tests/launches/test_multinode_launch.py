@@ -75,6 +75,11 @@ def test_kimi_k2_over_two_nodes_reaches_ready_and_stop_leaves_nothing(cli, pair,
     assert lines.filter(node="pa", rank="TP0").exists()
     assert not lines.filter(node="pa", rank="TP8").exists()
 
+    printed = cli("launch-log", str(launch.pk))
+    assert printed.returncode == 0 and "[pb] " in printed.stdout and "[pa] " in printed.stdout
+    pointed = cli("launch-log", str(part.pk))
+    assert pointed.returncode == 2 and f"launch-log {launch.pk}" in pointed.stderr
+
     stopped = cli("stop", str(launch.pk), "--actor", "olga", "--json")
     assert stopped.returncode == 0, stopped.stdout + stopped.stderr
     assert wait_for(launch, LaunchStatus.STOPPED) == LaunchStatus.STOPPED

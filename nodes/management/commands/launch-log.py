@@ -27,10 +27,20 @@ class Command(OneLineCommand):
         launch = Launch.objects.filter(pk=options["id"]).first()
         if launch is None:
             raise CommandError(f"no launch #{options['id']}", returncode=2)
+        if launch.group_id is not None:
+            raise CommandError(
+                f"launch #{launch.pk} is node rank {launch.node_rank} of launch "
+                f"#{launch.group_id}, whose one log holds every node's lines: "
+                f"launch-log {launch.group_id}",
+                returncode=2,
+            )
+        # A multi-node launch's lines carry the node that printed them, as the page shows.
+        tagged = launch.parts.exists()
         after = 0
         while True:
-            for seq, text in launch.lines.filter(seq__gt=after).values_list("seq", "text")[:5000]:
-                self.stdout.write(text)
+            rows = launch.lines.filter(seq__gt=after).values_list("seq", "text", "node")[:5000]
+            for seq, text, node in rows:
+                self.stdout.write(f"[{node}] {text}" if tagged and node else text)
                 after = seq
             sys.stdout.flush()
             if not options["follow"]:

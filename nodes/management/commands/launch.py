@@ -139,7 +139,7 @@ class Command(OneLineCommand):
             raise CommandError(f"{exc}; nothing was started") from None
         for part in [launch, *launch.parts.select_related("node").order_by("node_rank")]:
             self.note(
-                f"launch #{launch.pk}: {launch.revision} on {part.node.name}"
+                f"launch #{part.pk}: {launch.revision} on {part.node.name}"
                 + (f" (node rank {part.node_rank})" if len(group) > 1 else "")
                 + f", GPU {part.gpu_list()}"
             )
@@ -188,7 +188,8 @@ class Command(OneLineCommand):
             mark = (
                 "ok" if check.get("passed") else ("overridden" if check.get("override") else "FAIL")
             )
-            self.note(f"  [{mark}] {check.get('name')}: {check.get('detail')}")
+            where = f" ({check['node']})" if check.get("node") else ""
+            self.note(f"  [{mark}] {check.get('name')}{where}: {check.get('detail')}")
 
     def finish(self, launch: Launch, code: int) -> None:
         if launch.status == LaunchStatus.FAILED:
