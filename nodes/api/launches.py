@@ -14,10 +14,10 @@ from nodes.api.auth import OperatorAuth, require
 from nodes.api.nodes import named
 from nodes.api.pagination import Rows, paged
 from nodes.api.schemas import ERRORS, READ_ERRORS, Accepted, LaunchIn, LaunchOut, LogOut
-from nodes.models import Launch, Node
+from nodes.models import Launch
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import send
-from nodes.services import capacity, fixes
+from nodes.services import capacity, fixes, inventory
 from nodes.services.teams import visible_launches
 from nodes.workflows import launching
 
@@ -60,10 +60,10 @@ def create_launch(request: HttpRequest, body: LaunchIn) -> Any:
         raise HttpError(400, "node: a name, or at most 64 names separated by commas (node 0 first)")
     if any("\x00" in n for n in names):
         raise HttpError(404, "no such node")
-    found = {n.name: n for n in Node.objects.filter(name__in=names)}
-    if missing := [n for n in names if n not in found]:
-        raise HttpError(404, f"no node named {missing[0][:63]!r}")
-    group = [found[n] for n in names]
+    try:
+        group = inventory.nodes_named(names)
+    except inventory.UnknownNode as exc:
+        raise HttpError(404, f"no node named {exc.args[0][:63]!r}") from None
     node = group[0]
     if bool(body.profile) == bool(body.command):
         raise HttpError(400, "give a profile or a command, not both")

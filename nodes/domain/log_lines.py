@@ -65,3 +65,9 @@ def rank_of(text: str) -> str:
 def is_decode_batch(text: str) -> bool:
     """True for the scheduler's periodic decode-batch line."""
     return DECODE_BATCH.search(text) is not None
+
+
+def with_node(text: str, node: str) -> str:
+    """A stored line as text outside the viewer (download, CLI, bundle): ``[NODE] text`` for a
+    line of a multi-node launch (``node`` names the node that printed it), else ``text``."""
+    return f"[{node}] {text}" if node else text

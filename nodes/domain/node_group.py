@@ -192,17 +192,18 @@ def given_meeting(flags: ParsedCommand, nodes: Sequence[GroupNode]) -> Meeting |
 
 def interface_matches(spec: str, name: str, *, exact: bool = False) -> bool:
     """Whether interface ``name`` is one that ``spec`` lets the collectives use: NCCL's
-    ``NCCL_SOCKET_IFNAME`` syntax (NCCL's environment documentation): names separated by commas,
-    each a prefix (``eth`` is ``eth0``, ``eth1``…), exact after a leading ``=``, excluded after a
-    leading ``^``; ``exact`` for Gloo's ``GLOO_SOCKET_IFNAME``, whose names are exact."""
+    ``NCCL_SOCKET_IFNAME`` syntax (misc/socket.cc ``findInterfaces``; NCCL's environment
+    documentation): names separated by commas, each a prefix (``eth`` is ``eth0``, ``eth1``…),
+    exact after a leading ``=``, excluded after a leading ``^``; ``host:port`` entries are matched
+    by their name. ``exact`` for Gloo's ``GLOO_SOCKET_IFNAME``, whose names are exact."""
     spec = spec.strip()
     excluded = spec.startswith("^")
     spec = spec[1:] if excluded else spec
     if spec.startswith("="):
         spec, exact = spec[1:], True
-    names = [part for part in spec.split(",") if part]
+    names = [part.split(":")[0] for part in spec.split(",") if part]
     hit = any(name == part if exact else name.startswith(part) for part in names)
-    return not hit if excluded else hit
+    return hit != excluded
 
 
 def _pinned(flags: ParsedCommand, nodes: Sequence[GroupNode], env: dict[str, str]) -> Meeting:

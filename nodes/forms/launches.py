@@ -8,6 +8,7 @@ from django import forms
 
 from nodes.domain.launch_plan import CHECK_NAMES, NOT_OVERRIDABLE, PlanError, parse_gpu_list
 from nodes.models import Node, ProfileRevision
+from nodes.services import inventory
 from nodes.services.teams import visible_profiles
 
 OVERRIDABLE = [(n, n) for n in CHECK_NAMES if n not in NOT_OVERRIDABLE]
@@ -89,11 +90,10 @@ class LaunchForm(forms.Form):
 
     def clean_other_nodes(self) -> list[Node]:
         names = [n.strip() for n in self.cleaned_data["other_nodes"].split(",") if n.strip()]
-        found = {n.name: n for n in Node.objects.filter(name__in=names)}
-        missing = [n for n in names if n not in found]
-        if missing:
-            raise forms.ValidationError(f"No node named {missing[0][:63]!r}.")
-        return [found[n] for n in names]
+        try:
+            return inventory.nodes_named(names)
+        except inventory.UnknownNode as exc:
+            raise forms.ValidationError(f"No node named {exc.args[0][:63]!r}.") from None
 
     def clean_gpus(self) -> list[int] | None:
         text = self.cleaned_data["gpus"].strip()

@@ -23,6 +23,7 @@ from nodes.domain.bundle import (
     timeline_snapshots,
 )
 from nodes.domain.diagnosis import Diagnosis, diagnose
+from nodes.domain.log_lines import with_node
 from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
 from nodes.flag_tables import DEFAULT_VERSION, table
@@ -60,14 +61,9 @@ def launch_log_text(launch: Launch) -> str:
     launch = launch.group or launch
     if launch.log_archive:
         return b"".join(archived_log(launch)).decode(errors="replace")
-    if not _several_nodes(launch):
-        lines = launch.lines.order_by("seq").values_list("text", flat=True)
-        return "".join(f"{text}\n" for text in lines.iterator(chunk_size=5000))
+    # Only a multi-node launch's lines carry a node ("" on one node): those alone are tagged.
     tagged = launch.lines.order_by("seq").values_list("node", "text")
-    return "".join(
-        f"[{node}] {text}\n" if node else f"{text}\n"
-        for node, text in tagged.iterator(chunk_size=5000)
-    )
+    return "".join(f"{with_node(text, node)}\n" for node, text in tagged.iterator(chunk_size=5000))
 
 
 def _several_nodes(launch: Launch) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.db import transaction
@@ -12,6 +12,19 @@ from nodes.models import Node, NodeEvent
 from nodes.models.choices import NodeStatus
 from nodes.services.audit import record
 from nodes.types import Actor
+
+
+class UnknownNode(LookupError):
+    """No node has this name (``args[0]``)."""
+
+
+def nodes_named(names: Sequence[str]) -> list[Node]:
+    """The nodes of ``names``, in that order (a multi-node launch's: node 0 first), in one
+    query; raises ``UnknownNode`` with the first name no node has."""
+    found = {n.name: n for n in Node.objects.filter(name__in=names)}
+    if missing := [n for n in names if n not in found]:
+        raise UnknownNode(missing[0])
+    return [found[n] for n in names]
 
 
 def save_node(

@@ -36,6 +36,7 @@ from django.shortcuts import get_object_or_404
 from django.views.decorators.http import require_GET
 from redis.exceptions import RedisError
 
+from nodes.domain.log_lines import with_node
 from nodes.live import channel
 from nodes.models import Launch, LaunchLogLine
 from nodes.models.choices import LAUNCH_ENDED
@@ -161,7 +162,6 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
     """The whole log as text: the archive when lines were dropped from the database. A
     multi-node launch's lines each start with ``[NODE] ``, the name of the node that printed it."""
     launch = get_object_or_404(_seen(request), pk=pk)
-    several = bool(log_view.nodes(launch))
     name = f"launch-{launch.pk}.log"
     if launch.log_archive:
         response: HttpResponseBase = StreamingHttpResponse(
@@ -176,7 +176,7 @@ def launch_log(request: HttpRequest, pk: int) -> HttpResponseBase:
                 if seq != previous + 1:
                     yield f"[rankwise: lines {previous + 1}–{seq - 1} were not kept]\n"
                 previous = seq
-                yield f"[{node}] {text}\n" if several else text + "\n"
+                yield with_node(text, node) + "\n"
             if previous < launch.last_seq:
                 yield f"[rankwise: lines {previous + 1}–{launch.last_seq} were not kept]\n"
 

@@ -806,8 +806,9 @@ def _group_checks(
 ) -> tuple[list[plan.Check], node_group.Meeting | None]:
     """What only the group can show: the same SGLang and model on every node, the network they
     meet on, and node 0's store port reached from every other node (tried from there)."""
-    facts = {m.pk: found[m.pk].facts for m in members}
-    versions = [(m.node.name, getattr(facts[m.pk], "sglang_version", None)) for m in members]
+    # Pre-flight read each node's facts already (it refuses a prepare that read none).
+    facts = {m.pk: found[m.pk].facts or NodeFacts() for m in members}
+    versions = [(m.node.name, facts[m.pk].sglang_version) for m in members]
     checks = [node_group.check_versions(versions)]
     flags = flags_for(first.revision, first.node, first.port)
     model_path = str(flags.get("model_path", default="") or "")
@@ -817,10 +818,7 @@ def _group_checks(
     nodes = [
         node_group.GroupNode(
             m.node.name,
-            tuple(
-                node_group.Interface(name, address)
-                for name, address in getattr(facts[m.pk], "interfaces", ())
-            ),
+            tuple(node_group.Interface(name, address) for name, address in facts[m.pk].interfaces),
         )
         for m in members
     ]
@@ -830,8 +828,6 @@ def _group_checks(
         meeting = node_group.fallback_meeting(flags, nodes)
     if meeting is not None:
         checks += _reach_checks(members, meeting)
-    for check in checks:
-        check.node = check.node or ""
     return checks, meeting
 
 

@@ -51,6 +51,7 @@ from nodes.domain.diagnosis.multinode import (
     node_of_line,
 )
 from nodes.domain.diagnosis.nccl import DIST_BEGIN
+from nodes.domain.node_group import interface_matches
 
 GLOO_VARIABLE, NCCL_VARIABLE = "GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"
 # Gloo's ``lookupAddrForIface`` (transport/tcp/device.cc), raised through torch.
@@ -120,19 +121,9 @@ def gloo_missing(value: str, names: Sequence[str]) -> list[str]:
 
 
 def nccl_selects(value: str, names: Sequence[str]) -> list[str]:
-    """The names of ``names`` that ``NCCL_SOCKET_IFNAME`` selects (misc/socket.cc
-    ``findInterfaces``): a comma-separated list of prefixes, ``^`` first to exclude them, ``=``
-    (after it) for exact names; ``host:port`` entries are matched by their name."""
-    exclude = value.startswith("^")
-    rest = value[1:] if exclude else value
-    exact = rest.startswith("=")
-    rest = rest[1:] if exact else rest
-    wanted = [p.split(":")[0] for p in rest.split(",") if p]
-    return [
-        name
-        for name in names
-        if any(name == p if exact else name.startswith(p) for p in wanted) != exclude
-    ]
+    """The names of ``names`` that ``NCCL_SOCKET_IFNAME`` selects (``node_group.interface_matches``:
+    NCCL's own reading of it, the one pre-flight uses)."""
+    return [name for name in names if interface_matches(value, name)]
 
 
 def _lacks(variable: str, value: str, have: Sequence[Interface]) -> bool:

@@ -11,6 +11,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from nodes.domain.log_lines import with_node
 from nodes.management.cli import OneLineCommand
 from nodes.models import Launch
 from nodes.models.choices import LAUNCH_ENDED
@@ -34,13 +35,12 @@ class Command(OneLineCommand):
                 f"launch-log {launch.group_id}",
                 returncode=2,
             )
-        # A multi-node launch's lines carry the node that printed them, as the page shows.
-        tagged = launch.parts.exists()
         after = 0
         while True:
             rows = launch.lines.filter(seq__gt=after).values_list("seq", "text", "node")[:5000]
             for seq, text, node in rows:
-                self.stdout.write(f"[{node}] {text}" if tagged and node else text)
+                # A multi-node launch's lines carry the node that printed them, as the page's.
+                self.stdout.write(with_node(text, node))
                 after = seq
             sys.stdout.flush()
             if not options["follow"]:

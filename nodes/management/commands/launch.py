@@ -28,6 +28,7 @@ from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_act
 from nodes.models import Launch, Node
 from nodes.models.choices import LAUNCH_ENDED, LaunchStatus, Role
 from nodes.queue import QueueUnavailable
+from nodes.services import inventory
 from nodes.workflows import launching
 
 PREFLIGHT_WAIT_S = 600
@@ -50,11 +51,10 @@ def nodes_named(text: str) -> list[Node]:
         raise CommandError(
             f"--node {text!r}: expected NAME or NAME,NAME,… (node 0 first)", returncode=2
         )
-    found = {n.name: n for n in Node.objects.filter(name__in=names)}
-    missing = [n for n in names if n not in found]
-    if missing:
-        raise CommandError(f"no node named {missing[0]!r}", returncode=2)
-    return [found[n] for n in names]
+    try:
+        return inventory.nodes_named(names)
+    except inventory.UnknownNode as exc:
+        raise CommandError(f"no node named {exc.args[0]!r}", returncode=2) from None
 
 
 def launch_json(launch: Launch) -> dict[str, Any]:
