@@ -367,6 +367,43 @@ class Fleet:
         self._start(record)
         self._wait_for_ssh(record)
 
+    def dirt(self, name: str) -> list[str]:
+        """What differs on node ``name`` from how a reboot leaves it, from the host side and in
+        milliseconds: a process beyond its init and sshd (a server, a hold, a zombie, a frozen
+        rank), GPU memory taken or leaked, kernel messages since boot, a link down. Empty when
+        the node is as booted (open SSH sessions, files in its home and ``/tmp`` aside, which a
+        reboot keeps too)."""
+        record = self.record(name)
+        pid = self._pid(record)
+        if pid is None:
+            return ["not running"]
+        found = []
+        for descendant in _descendants(pid):
+            try:
+                with open(f"/proc/{descendant}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+                with open(f"/proc/{descendant}/stat") as handle:
+                    state = handle.read().rsplit(")", 1)[1].split()[0]
+            except FileNotFoundError:
+                continue
+            if state == "Z" or not _as_booted(argv):
+                found.append(f"process {descendant} ({state}): {b' '.join(argv).decode()[:80]}")
+        folder = self.node_dir(name)
+        for sub in ("ledger", "leaked", "holds"):
+            if os.listdir(os.path.join(folder, sub)):
+                found.append(f"{sub}/ is not empty")
+        with open(os.path.join(folder, "kmsg")) as handle:
+            if len(handle.read().splitlines()) > 1:
+                found.append("kernel messages since boot")
+        with open(f"/sys/class/net/{record.host_link}/operstate") as handle:
+            if handle.read().strip() == "down":
+                found.append("its link is down")
+        port = _run("ip", "netns", "exec", self.switch_netns, "ip", "-o", "link", "show",
+                    f"p{record.number}", check=False).stdout  # fmt: skip
+        if "state DOWN" in port:
+            found.append("its fabric port is down")
+        return found
+
     def link(self, name: str, state: str, fabric: bool = False) -> None:
         """The node's link to this machine (SSH) up or down; with ``fabric``, its port on the
         fleet's fabric instead (the other nodes lose it; the panel still reaches it)."""
@@ -547,6 +584,38 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in handle.read().split()]
     except FileNotFoundError:
         return []
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process below ``pid``, whichever of its threads started it."""
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except FileNotFoundError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as handle:
+                    children = [int(p) for p in handle.read().split()]
+            except FileNotFoundError:
+                continue
+            found += children
+            todo += children
+    return found
+
+
+def _as_booted(argv: list[bytes]) -> bool:
+    """A process every booted node has: the namespace wrappers, its init, sshd and the sessions
+    sshd keeps for connected clients."""
+    head = argv[0]
+    return (
+        head in (b"ip", b"unshare", b"/usr/sbin/sshd")
+        or b"simfleet.nodeinit" in argv
+        or head.startswith((b"sshd:", b"sshd-session", b"/usr/lib/openssh/sshd-session"))
+    )
 
 
 def _wait(predicate: Any, timeout: float, message: str) -> None:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import subprocess
 import sys
+import tempfile
+import types
+from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import pytest
 import redis
@@ -13,7 +19,9 @@ from django.test import Client
 
 from tests.factories import make_user
 from tests.fleet import bring_up, simfleet
-from tests.panel import start_panel
+from tests.panel import Panel, start_panel
+from tests.redis_server import OwnRedis
+from tests.workers import Workers
 
 # The fleet the simulated-node tests share. Each node has a job; tests that leave a node dirty
 # reboot it first (see ``fresh``). Sizes follow the incident: 8 × 96 GiB GPUs, 449 GB of RAM.
@@ -58,7 +66,38 @@ FLEET_SPEC = {
 }
 
 
-TEST_REDIS_URL = os.environ.get("RANKWISE_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+#: The Redis the tests' processes share: each pytest process starts a redis-server of its own
+#: (``pytest_configure``), so that two processes of one run, or two runs at once, never share a
+#: queue, a lock or a pub/sub channel. ``RANKWISE_TEST_REDIS_URL`` names one to use instead.
+TEST_REDIS_URL = os.environ.get("RANKWISE_TEST_REDIS_URL", "")
+_own_redis: OwnRedis | None = None
+
+
+def _is_xdist_controller(config: pytest.Config) -> bool:
+    """True in the process that only hands tests to xdist's workers (it runs none itself)."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global TEST_REDIS_URL, _own_redis
+    if _is_xdist_controller(config) or TEST_REDIS_URL:
+        return
+    logs = Path(tempfile.mkdtemp(prefix="rankwise-redis-"))
+    _own_redis = OwnRedis(logs)
+    _own_redis.start()
+    TEST_REDIS_URL = _own_redis.url
+    # Every process the tests start (workers, the panel, the CLI) and the product's own code in
+    # this process (the live channel, the Celery app) use it.
+    os.environ["REDIS_URL"] = TEST_REDIS_URL
+    from django.conf import settings
+
+    settings.REDIS_URL = settings.CELERY_BROKER_URL = TEST_REDIS_URL
+    settings.CELERY_RESULT_BACKEND = TEST_REDIS_URL
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _own_redis is not None:
+        _own_redis.kill()
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -128,12 +167,16 @@ def sim_fleet(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(tmp_path_factory):
-    """Give an SQLite test database a file, so subprocesses (the CLI, the panel) can see it."""
+    """A test database of this process's own: an SQLite file (so subprocesses, the CLI and the
+    panel, can see it) in this process's temporary folder, or a PostgreSQL database named after
+    this process, so that xdist's processes and two runs at once never share one."""
     from django.conf import settings
 
     db = settings.DATABASES["default"]
     if db["ENGINE"].endswith("sqlite3"):
         db.setdefault("TEST", {})["NAME"] = str(tmp_path_factory.mktemp("db") / "test.sqlite3")
+    else:
+        db.setdefault("TEST", {})["NAME"] = f"test_{db['NAME']}_p{os.getpid()}"
 
 
 @pytest.fixture
@@ -205,14 +248,41 @@ def manage_py(
     )
 
 
-@pytest.fixture
-def launch_workers(settings, transactional_db, celery_app_for_tests):
-    """Real Celery workers in their own processes, as `./run` starts them (a `default` queue
-    worker and a thread-pool `streams` worker), on the test database and broker; they can be
-    killed and restarted."""
-    from tests.workers import Workers
+def manage_in_process(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``manage.py ARGS`` through Django's own entry point (``execute_from_command_line``:
+    the same parsing, one-line errors and exit status) but in this process, on the test's own
+    database connection; for refusals and argument errors, where a process costs seconds and
+    shows nothing more. ``manage_py`` keeps one real subprocess per command."""
+    from django.core.management import execute_from_command_line
+    from django.db import connections
 
-    workers = Workers(database_url(settings), TEST_REDIS_URL)
+    environ = dict(env or {})
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(os.environ, environ))
+        if "RANKWISE_ACTOR" not in environ:
+            os.environ.pop("RANKWISE_ACTOR", None)
+        # The command's end closes every connection, which would end the test's transaction.
+        stack.enter_context(mock.patch.object(connections, "close_all"))
+        stack.enter_context(contextlib.redirect_stdout(out))
+        stack.enter_context(contextlib.redirect_stderr(err))
+        try:
+            execute_from_command_line(["manage.py", *args])
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["manage.py", *args], code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture(scope="session")
+def _shared_workers(django_db_setup, django_db_blocker) -> Iterator[Workers]:
+    """One pair of worker processes for this pytest process, started when a test first needs
+    them and stopped before the test database goes."""
+    from django.conf import settings as django_settings
+
+    workers = Workers(database_url(django_settings), TEST_REDIS_URL)
     workers.start()
     try:
         yield workers
@@ -221,14 +291,36 @@ def launch_workers(settings, transactional_db, celery_app_for_tests):
 
 
 @pytest.fixture
-def panel(settings, transactional_db, tmp_path):
-    """The real ASGI panel in its own process (live logs stream over Server-Sent Events)."""
-    server = start_panel(database_url(settings), TEST_REDIS_URL, tmp_path)
+def launch_workers(_shared_workers, transactional_db, celery_app_for_tests) -> Iterator[Workers]:
+    """Real Celery workers in their own processes, as `./run` starts them (a `default` queue
+    worker and a thread-pool `streams` worker), on the test database and broker; they can be
+    killed and restarted. One pair serves every test of the process: a test gets them idle with
+    empty queues, and one that leaves them busy (a server still followed, a retry waiting) or
+    killed gets them restarted afresh before the tables are emptied."""
+    _shared_workers.start_missing()
+    yield _shared_workers
+    _shared_workers.settle()
+
+
+@pytest.fixture(scope="session")
+def _shared_panel(django_db_setup, tmp_path_factory) -> Iterator[Panel]:
+    from django.conf import settings as django_settings
+
+    server = start_panel(
+        database_url(django_settings), TEST_REDIS_URL, tmp_path_factory.mktemp("panel")
+    )
     try:
         yield server
     finally:
-        server.proc.kill()
-        server.proc.wait()
+        server.stop()
+
+
+@pytest.fixture
+def panel(_shared_panel: Panel, transactional_db) -> Panel:
+    """The real ASGI panel in its own process (live logs stream over Server-Sent Events); one
+    serves every test of the process (it keeps no state of its own between requests)."""
+    _shared_panel.ensure_running()
+    return _shared_panel
 
 
 @pytest.fixture
@@ -237,3 +329,50 @@ def olga(db):
     from tests.factories import make_user
 
     return make_user("olga", "operator")
+
+
+#: Markers given by fixture: a test is slow in the way its heaviest fixture is. ``--quick``
+#: (``./run test --quick``) leaves out every test so marked.
+_MARKS_BY_FIXTURE = {
+    "fleet": ("sim_fleet", "pair_fleet"),
+    "browser": ("browser", "page"),
+    "workers": ("launch_workers", "celery_worker", "panel", "_shared_workers"),
+}
+_MARKS_BY_FOLDER = {"browser": "browser", "simfleet": "fleet"}
+
+
+#: Names whose use means a test starts a program of the panel's own (the CLI, ./run, simfleet,
+#: workers) in a subprocess: the ``process`` marker, found in the test's code or in the code of
+#: the module's helpers it calls.
+_PROCESS_NAMES = frozenset({"manage_py", "subprocess", "start_panel", "Workers", "simfleet"})
+
+
+def _starts_processes(code: types.CodeType, module: dict, depth: int = 3) -> bool:
+    names = set(code.co_names)
+    if names & _PROCESS_NAMES:
+        return True
+    if depth == 0:
+        return False
+    nested = [c for c in code.co_consts if isinstance(c, types.CodeType)]
+    helpers = [
+        module[n].__code__
+        for n in names
+        if isinstance(module.get(n), types.FunctionType)
+        and module[n].__module__ == module.get("__name__")
+    ]
+    return any(_starts_processes(c, module, depth - 1) for c in nested + helpers)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        function = getattr(item, "function", None)
+        if function is not None and _starts_processes(function.__code__, function.__globals__):
+            item.add_marker("process")
+        names = set(getattr(item, "fixturenames", ()))
+        for mark, fixtures in _MARKS_BY_FIXTURE.items():
+            if names.intersection(fixtures):
+                item.add_marker(mark)
+        folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
+        if folder in _MARKS_BY_FOLDER:
+            item.add_marker(_MARKS_BY_FOLDER[folder])

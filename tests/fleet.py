@@ -73,6 +73,14 @@ class SimNode:
     def reboot(self) -> None:
         simfleet("reboot", self.name, "--state", self.state)
 
+    def make_clean(self) -> None:
+        """Reboot the node only if an earlier test left it otherwise than a reboot would (a
+        server running, GPU memory held or leaked, kernel messages, a link down)."""
+        from simfleet.fleet import Fleet
+
+        if Fleet(self.state).dirt(self.name):
+            self.reboot()
+
 
 class _ExpectFingerprint(paramiko.MissingHostKeyPolicy):
     def __init__(self, fingerprint: str) -> None:

@@ -42,7 +42,7 @@ def node_fixture(name: str):
     @pytest.fixture
     def fixture(sim_fleet):
         sim = sim_fleet[name]
-        sim.reboot()
+        sim.make_clean()
         node = register_sim_node(sim)
         discovery.discover(node.pk)
         node.refresh_from_db()
@@ -68,7 +68,7 @@ def pair(pair_fleet):
     nodes = []
     for name in ("pa", "pb"):
         sim = pair_fleet[name]
-        sim.reboot()
+        sim.make_clean()
         node = register_sim_node(sim)
         discovery.discover(node.pk)
         node.refresh_from_db()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import time
 from pathlib import Path
 
 import redis
@@ -53,6 +52,5 @@ class OwnRedis:
             self.proc.wait()
 
     def restart(self) -> None:
-        self.kill()
-        time.sleep(1.0)
+        self.kill()  # waits until the old server has gone, its port free again
         self.start()

@@ -68,7 +68,8 @@ def _log_in(base: str, username: str, password: str) -> str:
 def test_run_brings_up_panel_with_its_own_redis_and_stops_on_sigterm(tmp_path):
     web_port, redis_port = _free_port(), _free_port()
     env = {
-        **os.environ,
+        # The panel's own settings, as a newcomer's shell has them (not the tests' hasher).
+        **{k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"},
         "RANKWISE_STATE_DIR": str(tmp_path / "state"),
         "DATABASE_URL": f"sqlite:///{tmp_path / 'panel.sqlite3'}",
         "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0",

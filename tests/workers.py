@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import redis
+from celery.app.control import Control
 
 ROOT = Path(__file__).resolve().parent.parent
 # Short intervals so the tests see leases expire, health polls and lost nodes in seconds.
@@ -75,15 +76,69 @@ class Workers:
         self.wait_ready(len(self.procs))
 
     def wait_ready(self, count: int, timeout: float = 60) -> None:
-        from celery import Celery
-
-        app = Celery(broker=self.broker_url)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if len(app.control.ping(timeout=0.5) or []) >= count:
+            if len(self._control().ping(timeout=0.5) or []) >= count:
                 return
             time.sleep(0.3)
         raise AssertionError(f"workers did not answer: see {self.logs}")
+
+    def _control(self) -> Control:
+        from celery import Celery
+
+        return Celery(broker=self.broker_url).control
+
+    def _names(self) -> dict[str, str]:
+        """Each running worker's node name (``default-PID@host``) by its queue."""
+        return {
+            name.split("-", 1)[0]: name
+            for reply in self._control().ping(timeout=1) or []
+            for name in reply
+        }
+
+    def _consume(self, on: bool) -> None:
+        """Start or stop taking tasks from each worker's queue (the process stays up)."""
+        control = self._control()
+        for queue, name in self._names().items():
+            change = control.add_consumer if on else control.cancel_consumer
+            change(queue, destination=[name], reply=True, limit=1, timeout=5)
+
+    def _purge_queues(self) -> None:
+        """Drop the tasks that tests without workers queued: nobody was there to run them."""
+        broker = redis.Redis.from_url(self.broker_url)
+        for queue in ("default", "streams"):
+            broker.delete(queue, *broker.scan_iter(match=f"{queue}\x06\x16*"))
+
+    def _idle(self) -> bool:
+        """Every worker alive and holding no task: none running, prefetched or waiting for its
+        ETA (a retry)."""
+        if len(self.procs) < 2 or any(p.poll() is not None for p in self.procs.values()):
+            return False
+        inspect = self._control().inspect(timeout=5, limit=len(self.procs))
+        for held in (inspect.active(), inspect.reserved(), inspect.scheduled()):
+            if held is None or len(held) < len(self.procs) or any(held.values()):
+                return False
+        return True
+
+    def start_missing(self) -> None:
+        """A test's start: queues emptied, both workers up and taking tasks."""
+        self._purge_queues()
+        missing = [q for q in ("default", "streams") if q not in self.procs]
+        for queue in missing:
+            self._start(queue)
+        self.wait_ready(2)
+        self._consume(True)
+
+    def settle(self) -> None:
+        """A test's end: the workers take no more tasks; if any still holds one (or died), both
+        are killed with what they hold and started afresh, so nothing of this test runs on into
+        the next."""
+        self._consume(False)
+        if self._idle():
+            return
+        self.stop()
+        self.start()
+        self._consume(False)
 
     def kill(self, queue: str) -> None:
         """SIGKILL the worker and everything it started, as an OOM kill or a crash would."""

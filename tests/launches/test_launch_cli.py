@@ -11,7 +11,7 @@ from nodes.models import AuditEntry, Launch, LaunchProfile
 from nodes.services.model_facts import model_facts
 from nodes.services.profiles import evaluate, save_revision
 from nodes.workflows import discovery
-from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
+from tests.conftest import TEST_REDIS_URL, manage_in_process, manage_py, register_sim_node
 from tests.factories import make_user
 from tests.fleet import simfleet, wait_until
 
@@ -31,7 +31,7 @@ def cli(settings):
 @pytest.fixture
 def spare(sim_fleet):
     sim = sim_fleet["spare"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()
@@ -109,11 +109,22 @@ def test_blocked_preflight_exits_2_with_the_checks_as_json(cli, spare, launch_wo
         (["--node", "spare", "--", *SERVER, *QWEN, "$(id)"], "unrecognized arguments: $(id)"),
     ],
 )
-def test_unusable_input_exits_2_with_one_line_and_creates_nothing(cli, spare, args, message):
-    done = cli("launch", "--actor", "olga", *args)
+def test_unusable_input_exits_2_with_one_line_and_creates_nothing(spare, args, message):
+    # In this process: the refusals are the command's own; test_one_refusal_from_a_real_process
+    # keeps the entry point itself tested.
+    done = manage_in_process("launch", "--actor", "olga", *args)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not Launch.objects.exists() and not LaunchProfile.objects.exists()
+
+
+def test_one_refusal_from_a_real_process(cli, spare):
+    done = cli(
+        "launch", "--actor", "olga", "--node", "spare", "--gpus", "0,0", "--", *SERVER, *QWEN
+    )
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert "listed twice" in done.stderr and len(done.stderr.strip().splitlines()) == 1
+    assert not Launch.objects.exists()
 
 
 def test_wait_ready_then_list_log_and_stop(cli, spare, launch_workers):

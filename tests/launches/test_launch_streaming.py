@@ -121,9 +121,18 @@ def test_a_worker_holding_messages_survives_a_redis_restart(settings, own_redis,
         before.send_task(
             "nodes.reconcile_launches", countdown=120, queue="default"
         )  # held by the worker (ETA)
-        time.sleep(2)
+        inspect = before.control.inspect(timeout=5, limit=1)
+        assert wait_until(lambda: any((inspect.scheduled() or {}).values()), 60)
+        connected = workers.log("default").count("] Connected to ")
         own_redis.restart()
-        time.sleep(3)
+        # The worker saw its connection break and made a new one (or died trying).
+        assert wait_until(
+            lambda: (
+                workers.log("default").count("] Connected to ") > connected
+                or workers.procs["default"].poll() is not None
+            ),
+            60,
+        ), workers.log("default")[-3000:]
         assert workers.procs["default"].poll() is None, workers.log("default")[-3000:]
         after = Celery(broker=own_redis.url, backend=own_redis.url)  # a new CLI call, say
         assert after.send_task("nodes.reconcile_launches", queue="default").get(timeout=60) == 0

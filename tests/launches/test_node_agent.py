@@ -15,6 +15,7 @@ from pathlib import Path
 
 from nodes.remote import agent
 from nodes.remote.client import AGENT, GroupStatus, _answer, parse_prepared
+from tests.fleet import wait_until
 
 PYTHON = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
 
@@ -32,6 +33,11 @@ def _group(folder: Path) -> subprocess.Popen[bytes]:
     return leader
 
 
+def _wait_for_children(leader: subprocess.Popen[bytes]) -> None:
+    """Until the leader's two children run (and the leader is past its imports)."""
+    assert wait_until(lambda: len(agent.members(leader.pid)) == 3, 30), agent.members(leader.pid)
+
+
 def _lines(watch: subprocess.Popen[str], count: int, timeout: float) -> list[GroupStatus]:
     found: list[GroupStatus] = []
     deadline = time.monotonic() + timeout
@@ -46,7 +52,7 @@ def _lines(watch: subprocess.Popen[str], count: int, timeout: float) -> list[Gro
 def test_the_watch_reports_a_member_that_dies_and_stays_quiet_otherwise(tmp_path):
     leader = _group(tmp_path)
     try:
-        time.sleep(0.5)  # the children exist
+        _wait_for_children(leader)
         watch = subprocess.Popen(
             [PYTHON, "-c", AGENT, "watch", str(tmp_path), "0.2", "30"],
             stdout=subprocess.PIPE,
@@ -75,7 +81,7 @@ def test_the_watch_reports_a_member_that_dies_and_stays_quiet_otherwise(tmp_path
 def test_the_watch_finds_the_group_from_its_known_processes_as_a_whole_read_does(tmp_path):
     leader = _group(tmp_path)
     try:
-        time.sleep(0.5)
+        _wait_for_children(leader)
         whole = agent.members(leader.pid)
         near = agent._members_near(leader.pid, [leader.pid])
         assert near is not None
