@@ -376,3 +376,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
         if folder in _MARKS_BY_FOLDER:
             item.add_marker(_MARKS_BY_FOLDER[folder])
+    # The modules with slow tests first, each kept whole (its module-scoped fixtures set up
+    # once): with several processes, the long tests overlap one another and the many short
+    # ones fill the gaps at the end, instead of one long test starting last.
+    slow = {item.module for item in items if _SLOW_MARKS.intersection(_marks(item))}
+    items.sort(key=lambda item: item.module not in slow)
+
+
+_SLOW_MARKS = frozenset({"fleet", "browser", "workers", "process"})
+
+
+def _marks(item: pytest.Item) -> set[str]:
+    return {mark.name for mark in item.iter_markers()}

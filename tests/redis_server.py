@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ctypes
+import signal
 import socket
 import subprocess
 from pathlib import Path
@@ -9,6 +11,12 @@ from pathlib import Path
 import redis
 
 from tests.fleet import wait_until
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the process that started it dies, so that a test
+    run killed outright leaves no Redis behind (Linux's PR_SET_PDEATHSIG)."""
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 
 
 class OwnRedis:
@@ -37,6 +45,7 @@ class OwnRedis:
             ],
             stdout=open(self.logs / "redis.log", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
         )
         assert wait_until(lambda: self._answers(), 10), "redis-server did not start"
 
