@@ -494,7 +494,12 @@ def _read_at_most(response: http.client.HTTPResponse, limit: int) -> bytes:
             break
         chunks.append(chunk)
         size += len(chunk)
-    return b"".join(chunks)
+    body = b"".join(chunks)
+    # http.client ends a read quietly when the channel closes early, even short of the
+    # Content-Length it was promised: a cut answer must not pass for a whole (empty) one.
+    if size < limit and response.length:
+        raise http.client.IncompleteRead(body, response.length)
+    return body
 
 
 def http_get(

@@ -9,6 +9,7 @@ addresses: the nodes exist only inside this machine.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -18,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -145,17 +147,25 @@ class Fleet:
                 "ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "simfleet", "-f", self.key_path
             )
         models.create(self.models_dir)
-        known = {r.name: r for r in self.records()}
-        records = []
-        for number, spec in enumerate(specs):
-            record = known.get(spec.name) or self._new_record(number, spec)
-            if not self._running(record):
-                record.spec = asdict(spec)  # a stopped node comes back as now asked
-            records.append(record)
-        self._save(records)
-        for record in records:
-            if not self._running(record):
-                self._start(record)
+        # One fleet at a time picks its addresses and makes its links, so that fleets started at
+        # once (a test run's processes, two runs) never take the same subnet.
+        with _host_lock():
+            known = {r.name: r for r in self.records()}
+            if known:
+                first = next(iter(known.values())).host_address.split(".")
+                self.subnet = (int(first[0]), int(first[1]), int(first[2]))
+            else:
+                self.subnet = _free_subnet(self.subnet)
+            records = []
+            for number, spec in enumerate(specs):
+                record = known.get(spec.name) or self._new_record(number, spec)
+                if not self._running(record):
+                    record.spec = asdict(spec)  # a stopped node comes back as now asked
+                records.append(record)
+            self._save(records)
+            for record in records:
+                if not self._running(record):
+                    self._start(record)
         for record in records:
             self._wait_for_ssh(record)
         return self.document()
@@ -584,6 +594,36 @@ def _children(pid: int) -> list[int]:
             return [int(p) for p in handle.read().split()]
     except FileNotFoundError:
         return []
+
+
+LOCK_FILE = "/run/lock/simfleet.lock"
+
+
+@contextlib.contextmanager
+def _host_lock() -> Iterator[None]:
+    """This machine's lock for choosing addresses and making links (``flock``)."""
+    os.makedirs(os.path.dirname(LOCK_FILE), exist_ok=True)
+    with open(LOCK_FILE, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _free_subnet(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
+    """``preferred`` (from the fleet's id), or the next 10.64–191.x.0/24 that no address on this
+    machine is in (another fleet's, or anything else's)."""
+    out = _run("ip", "-o", "-4", "addr", "show").stdout
+    taken = {tuple(int(p) for p in a.split("/")[0].split(".")[:3]) for a in out.split()
+             if a.count(".") == 3 and "/" in a}  # fmt: skip
+    a, b, c = preferred
+    for step in range(128 * 256):
+        index = ((b - 64) * 256 + c + step) % (128 * 256)
+        candidate = (a, 64 + index // 256, index % 256)
+        if candidate not in taken:
+            return candidate
+    raise FleetError("no free 10.64.0.0/10 subnet on this machine for another fleet")
 
 
 def _descendants(pid: int) -> list[int]:

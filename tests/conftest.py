@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import subprocess
 import sys
@@ -376,15 +377,47 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         folder = item.path.relative_to(tests).parts[0] if item.path.is_relative_to(tests) else ""
         if folder in _MARKS_BY_FOLDER:
             item.add_marker(_MARKS_BY_FOLDER[folder])
-    # The modules with slow tests first, each kept whole (its module-scoped fixtures set up
-    # once): with several processes, the long tests overlap one another and the many short
-    # ones fill the gaps at the end, instead of one long test starting last.
-    slow = {item.module for item in items if _SLOW_MARKS.intersection(_marks(item))}
-    items.sort(key=lambda item: item.module not in slow)
+    # The longest tests first (as long as they took last time, tests/durations.json; a test not
+    # timed yet by its markers): xdist hands them out in turn, so the long ones run side by side
+    # and the many short ones fill the gaps at the end, instead of one long test starting last.
+    # The order decides only when a test runs, never whether or how.
+    known = _recorded_durations()
+    items.sort(key=lambda item: -known.get(item.nodeid, _guess(item)))
 
 
+DURATIONS = Path(__file__).resolve().parent / "durations.json"
 _SLOW_MARKS = frozenset({"fleet", "browser", "workers", "process"})
 
 
-def _marks(item: pytest.Item) -> set[str]:
-    return {mark.name for mark in item.iter_markers()}
+def _recorded_durations() -> dict[str, float]:
+    try:
+        return {str(k): float(v) for k, v in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, AttributeError):
+        return {}
+
+
+def _guess(item: pytest.Item) -> float:
+    return 10.0 if _SLOW_MARKS.intersection(m.name for m in item.iter_markers()) else 0.1
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        action="store_true",
+        help=f"write each test's time (set-up, call and teardown) to {DURATIONS.name}",
+    )
+
+
+_timings: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    # In xdist's controller too: every worker's reports pass through it.
+    _timings[report.nodeid] = _timings.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if config.getoption("--record-durations") and not hasattr(config, "workerinput"):
+        rounded = {k: round(v, 2) for k, v in sorted(_timings.items())}
+        DURATIONS.write_text(json.dumps(rounded, indent=0) + "\n")

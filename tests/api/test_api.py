@@ -243,7 +243,8 @@ def test_a_pasted_launch_the_parser_refuses_is_400_and_saves_nothing(client, nod
     assert not AuditEntry.objects.filter(action="launch.create").exists()
 
 
-def test_a_pasted_launch_with_the_sglang_check_overridden_goes_ahead(client, node):
+def test_a_pasted_launch_with_the_sglang_check_overridden_goes_ahead(client, node, settings):
+    settings.RANKWISE_MODEL_READ_WAIT_SECONDS = 0  # no worker here: the model is not read
     node.host_key = (
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBdT4JxNkTy/+iculPU8JKSNDmkkoOmX7fwy4pE43/QY"
     )

@@ -24,7 +24,7 @@ def test_clean_up_a_failed_launch_then_see_the_quarantine_on_the_node(
     panel, page, sim_fleet, launch_workers
 ):
     sim = sim_fleet["leaky"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     olga = make_user("olga", "operator")

@@ -27,7 +27,7 @@ def test_read_the_diagnosis_apply_the_fix_relaunch_and_reach_ready(
     panel, page, sim_fleet, launch_workers
 ):
     sim = sim_fleet["incident"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     olga = make_user("olga", "operator")

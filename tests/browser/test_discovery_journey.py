@@ -17,7 +17,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 def test_register_trust_discover(live_server, page, sim_fleet, celery_worker):
     sim = sim_fleet["incident"]
-    sim.reboot()
+    sim.make_clean()
     make_user("ada", "admin")
     log_in(page, live_server.url, "ada")
 

@@ -27,7 +27,7 @@ def test_the_fleet_page_shows_a_commitment_appear_run_and_go(
     panel, page, sim_fleet, launch_workers
 ):
     sim = sim_fleet["spare"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     olga = make_user("olga", "operator")

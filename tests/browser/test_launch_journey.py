@@ -23,7 +23,7 @@ def test_launch_from_the_profile_page_watch_the_log_see_ready_stop(
     panel, page, sim_fleet, launch_workers
 ):
     sim = sim_fleet["spare"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()

@@ -119,7 +119,7 @@ def test_link_cut_mid_heartbeat_makes_only_that_node_unreachable(sim_fleet):
 
 def test_heartbeat_sees_gpu_memory_change(sim_fleet):
     sim = sim_fleet["leaky"]
-    sim.reboot()
+    sim.make_clean()
     ssh.pool.close()
     node = register_sim_node(sim)
     discovery.discover(node.pk)

@@ -26,7 +26,7 @@ ATTACK = {
 @pytest.fixture
 def spare(sim_fleet):
     sim = sim_fleet["spare"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()

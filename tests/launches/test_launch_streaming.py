@@ -44,7 +44,7 @@ def manage(settings, redis_url: str, *args: str) -> subprocess.CompletedProcess[
 
 def test_restarting_redis_mid_stream_loses_no_line(settings, sim_fleet, own_redis, tmp_path):
     sim = sim_fleet["spare"]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     viewer = make_user("vera", "viewer")

@@ -141,7 +141,7 @@ def test_a_first_launch_calibrates_the_next_estimate(
     sim_fleet, launch_workers, node_name, model, tp
 ):
     sim = sim_fleet[node_name]
-    sim.reboot()
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()
