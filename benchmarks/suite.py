@@ -51,9 +51,7 @@ def one_run(what: str, venv: Path, keep: bool) -> dict[str, object]:
         if what == "ci":
             env["CI"] = "true"
         start = time.monotonic()
-        done = subprocess.run(
-            COMMANDS[what], cwd=checkout, env=env, capture_output=True, text=True
-        )
+        done = subprocess.run(COMMANDS[what], cwd=checkout, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
         out = done.stdout + done.stderr
         (folder / "output.txt").write_text(out)
