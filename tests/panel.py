@@ -11,6 +11,8 @@ from pathlib import Path
 
 from django.test import Client
 
+from tests.redis_server import die_with_parent
+
 
 class Panel:
     """The panel's web server (uvicorn, ASGI, as `./run` starts it) on the test database."""
@@ -58,6 +60,7 @@ def start_panel(database: str, redis_url: str, logs: Path) -> Panel:
         env=env,
         stdout=open(logs / "panel.log", "ab"),  # noqa: SIM115 — the process owns it
         stderr=subprocess.STDOUT,
+        preexec_fn=die_with_parent,
     )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

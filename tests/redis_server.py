@@ -12,11 +12,15 @@ import redis
 
 from tests.fleet import wait_until
 
+_prctl = ctypes.CDLL(None).prctl
+_PR_SET_PDEATHSIG = 1
 
-def _die_with_parent() -> None:
+
+def die_with_parent() -> None:
     """In the child, before exec: SIGKILL when the process that started it dies, so that a test
-    run killed outright leaves no Redis behind (Linux's PR_SET_PDEATHSIG)."""
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+    run killed outright leaves no Redis, worker or panel behind (Linux's PR_SET_PDEATHSIG)."""
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)  # looked up beforehand: a forked child of a
+    # threaded process must not load libraries or take locks before exec
 
 
 class OwnRedis:
@@ -45,7 +49,7 @@ class OwnRedis:
             ],
             stdout=open(self.logs / "redis.log", "ab"),  # noqa: SIM115
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         assert wait_until(lambda: self._answers(), 10), "redis-server did not start"
 

@@ -12,6 +12,8 @@ from pathlib import Path
 import redis
 from celery.app.control import Control
 
+from tests.redis_server import die_with_parent
+
 ROOT = Path(__file__).resolve().parent.parent
 # Short intervals so the tests see leases expire, health polls and lost nodes in seconds.
 FAST = {
@@ -68,6 +70,7 @@ class Workers:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
 
     def start(self, *queues: str) -> None:

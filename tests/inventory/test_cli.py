@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from nodes.models import AuditEntry, Node
-from tests.conftest import manage_py
+from tests.conftest import manage_in_process, manage_py
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,6 +19,17 @@ def manage(settings):
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return manage_py(settings, *args, env=env)
+
+    return run
+
+
+@pytest.fixture
+def refuse():
+    """The same entry point in this process: for refusals and argument errors, which show
+    nothing more from a process of their own (the tests above run real processes)."""
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return manage_in_process(*args, env=env)
 
     return run
 
@@ -97,14 +108,14 @@ def test_plain_list_shows_units(manage):
         (["--port", "99999"], "--port: A port is a number from 1 to 65535."),
     ],
 )
-def test_bad_input_exits_non_zero_with_one_line_and_saves_nothing(manage, args, reason):
+def test_bad_input_exits_non_zero_with_one_line_and_saves_nothing(refuse, args, reason):
     argv = list(INCIDENT_NODE)
     for flag, value in zip(args[::2], args[1::2], strict=True):
         if flag in argv:
             at = argv.index(flag)
             del argv[at : at + 2]
         argv.append(f"{flag}={value}")
-    result = manage(*argv)
+    result = refuse(*argv)
     assert result.returncode != 0
     assert result.stdout == ""
     lines = result.stderr.strip().splitlines()
@@ -112,16 +123,16 @@ def test_bad_input_exits_non_zero_with_one_line_and_saves_nothing(manage, args, 
     assert not Node.objects.exists()
 
 
-def test_duplicate_name_is_refused(manage):
-    manage(*INCIDENT_NODE)
-    result = manage(*INCIDENT_NODE)
+def test_duplicate_name_is_refused(refuse):
+    refuse(*INCIDENT_NODE)
+    result = refuse(*INCIDENT_NODE)
     assert result.returncode == 1
     assert "NAME: Node with this Name already exists." in result.stderr
     assert Node.objects.count() == 1
 
 
-def test_usage_errors_are_one_line_with_status_2(manage):
-    result = manage("node", "add", "gpu-01", "--host", "h", "--port", "ssh")
+def test_usage_errors_are_one_line_with_status_2(refuse):
+    result = refuse("node", "add", "gpu-01", "--host", "h", "--port", "ssh")
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
         "manage.py node add: error: argument --port: invalid int value: 'ssh'"
@@ -129,8 +140,8 @@ def test_usage_errors_are_one_line_with_status_2(manage):
     assert not Node.objects.exists()
 
 
-def test_show_unknown_node_fails(manage):
-    result = manage("node", "show", "nope", "--json")
+def test_show_unknown_node_fails(refuse):
+    result = refuse("node", "show", "nope", "--json")
     assert result.returncode == 1 and result.stdout == ""
     assert "no node named 'nope'" in result.stderr
 
@@ -146,9 +157,9 @@ def test_actor_is_recorded_and_defaults_to_cli(manage):
     assert AuditEntry.objects.get(object_repr="gpu-09").actor_name == "ops"
 
 
-def test_a_viewer_actor_cannot_add_nodes(manage):
-    manage("user", "add", "vera", "--role", "viewer")
-    result = manage(*INCIDENT_NODE, "--actor", "vera")
+def test_a_viewer_actor_cannot_add_nodes(refuse):
+    refuse("user", "add", "vera", "--role", "viewer")
+    result = refuse(*INCIDENT_NODE, "--actor", "vera")
     assert result.returncode == 1
     assert "lacks the admin role" in result.stderr
     assert not Node.objects.exists()
@@ -167,8 +178,8 @@ def test_user_add_prints_password_once_and_it_logs_in(manage, client):
     "argv",
     [["node"], ["node", "bogus"], ["node", "list", "--json", "-v", "9"], ["user", "add", "x"]],
 )
-def test_every_usage_error_is_one_line(manage, argv):
-    result = manage(*argv)
+def test_every_usage_error_is_one_line(refuse, argv):
+    result = refuse(*argv)
     assert result.returncode == 2
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
@@ -177,30 +188,30 @@ def test_every_usage_error_is_one_line(manage, argv):
     ("username", "reason"),
     [("", "username ''"), ("a b", "Enter a valid username"), ("x" * 151, "at most 150")],
 )
-def test_user_add_refuses_bad_usernames(manage, username, reason):
-    result = manage("user", "add", username, "--role", "viewer")
+def test_user_add_refuses_bad_usernames(refuse, username, reason):
+    result = refuse("user", "add", username, "--role", "viewer")
     assert result.returncode == 1 and reason in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_user_add_refuses_weak_password(manage):
-    result = manage("user", "add", "wendy", "--role", "viewer", "--password", "1")
+def test_user_add_refuses_weak_password(refuse):
+    result = refuse("user", "add", "wendy", "--role", "viewer", "--password", "1")
     assert result.returncode == 1 and "--password: This password is too short" in result.stderr
 
 
-def test_empty_actor_is_refused_not_treated_as_cli(manage):
-    assert "--actor is empty" in manage(*INCIDENT_NODE, "--actor", "").stderr
-    assert "RANKWISE_ACTOR is empty" in manage(*INCIDENT_NODE, RANKWISE_ACTOR="").stderr
+def test_empty_actor_is_refused_not_treated_as_cli(refuse):
+    assert "--actor is empty" in refuse(*INCIDENT_NODE, "--actor", "").stderr
+    assert "RANKWISE_ACTOR is empty" in refuse(*INCIDENT_NODE, RANKWISE_ACTOR="").stderr
     assert not Node.objects.exists()
 
 
-def test_set_role_refuses_the_cli_account_and_superusers(manage, django_user_model):
+def test_set_role_refuses_the_cli_account_and_superusers(refuse, django_user_model):
     django_user_model.objects.create_superuser("root-su", password=None)
-    cli = manage("user", "set-role", "cli", "viewer")
+    cli = refuse("user", "set-role", "cli", "viewer")
     assert cli.returncode == 1 and "always an admin" in cli.stderr
-    su = manage("user", "set-role", "root-su", "viewer")
+    su = refuse("user", "set-role", "root-su", "viewer")
     assert su.returncode == 1 and "superuser" in su.stderr
-    assert manage(*INCIDENT_NODE).returncode == 0
+    assert refuse(*INCIDENT_NODE).returncode == 0
 
 
 def test_key_file_is_stored_encrypted_as_a_credential(manage, tmp_path):
@@ -247,7 +258,7 @@ def test_passphrase_files_keep_their_spaces(manage, tmp_path):
     assert added.returncode == 0, added.stderr
 
 
-def test_discover_timeout_must_be_positive(manage):
-    manage(*INCIDENT_NODE)
-    result = manage("node", "discover", "gpu-01", "--timeout", "0")
+def test_discover_timeout_must_be_positive(refuse):
+    refuse(*INCIDENT_NODE)
+    result = refuse("node", "discover", "gpu-01", "--timeout", "0")
     assert result.returncode == 1 and "--timeout" in result.stderr

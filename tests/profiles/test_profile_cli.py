@@ -10,7 +10,7 @@ import pytest
 
 from nodes.domain.units import GB
 from nodes.models import AuditEntry, LaunchProfile, ProfileRevision
-from tests.conftest import manage_py
+from tests.conftest import manage_in_process, manage_py
 from tests.factories import make_node, make_user
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -29,6 +29,17 @@ def manage(settings):
 
     def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
         return manage_py(settings, *args, env=env)
+
+    return run
+
+
+@pytest.fixture
+def refuse():
+    """The same entry point in this process, for refused input: a process of its own shows
+    nothing more there (the tests that save and show run real processes)."""
+
+    def run(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+        return manage_in_process(*args, env=env)
 
     return run
 
@@ -97,17 +108,17 @@ def test_the_incident_is_blocked_with_exit_1_and_nothing_saved(manage, node):
         (["--node", "gpu-01"], [], "give the launch command after --"),
     ],
 )
-def test_refused_input_exits_2_with_the_reason_on_stderr(manage, node, args, command, reason):
-    done = save(manage, "kimi", *args, "--json", command=command)
+def test_refused_input_exits_2_with_the_reason_on_stderr(refuse, node, args, command, reason):
+    done = save(refuse, "kimi", *args, "--json", command=command)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert reason in done.stderr and done.stderr.count("\n") == 1
     assert json.loads(done.stdout) == {"refused": "input", "reason": done.stderr.strip()}
     assert not ProfileRevision.objects.exists() and not AuditEntry.objects.exists()
 
 
-def test_a_viewer_cannot_save(manage, node):
+def test_a_viewer_cannot_save(refuse, node):
     make_user("vera", "viewer")
-    done = save(manage, "kimi", "--node", "gpu-01", "--actor", "vera", command=WARNS)
+    done = save(refuse, "kimi", "--node", "gpu-01", "--actor", "vera", command=WARNS)
     assert done.returncode == 2 and "lacks the operator role" in done.stderr
     assert done.stdout == ""  # without --json, only the reason, on stderr
     assert not ProfileRevision.objects.exists()
@@ -146,7 +157,7 @@ def test_json_save_and_show_have_the_contracts_keys_with_secrets_masked(manage, 
     [("nothing", "no profile named 'nothing'"), ("kimi@9", "has no revision 9"),
      ("kimi@x", "must be a number")],
 )  # fmt: skip
-def test_show_of_what_does_not_exist_exits_2(manage, node, spec, reason):
-    assert save(manage, "kimi", "--node", "gpu-01", command=WARNS).returncode == 0
-    shown = manage("profile", "show", spec, "--json")
+def test_show_of_what_does_not_exist_exits_2(refuse, node, spec, reason):
+    assert save(refuse, "kimi", "--node", "gpu-01", command=WARNS).returncode == 0
+    shown = refuse("profile", "show", spec, "--json")
     assert shown.returncode == 2 and reason in shown.stderr
