@@ -44,7 +44,7 @@ def _workers_answering(redis_port: int) -> list[str]:
     """Names (before '@') of the Celery workers that answer a broadcast ping."""
     from celery import Celery
 
-    probe = Celery(broker=f"redis://127.0.0.1:{redis_port}/0")
+    probe = Celery(broker=f"redis://127.0.0.1:{redis_port}/0", set_as_current=False)
     for _ in range(60):
         replies = probe.control.ping(timeout=1.0)
         names = sorted(name.split("@")[0] for reply in replies for name in reply)

@@ -89,7 +89,8 @@ class Workers:
     def _control(self) -> Control:
         from celery import Celery
 
-        return Celery(broker=self.broker_url).control
+        # Not the current app: AsyncResult() and the like must keep finding the panel's.
+        return Celery(broker=self.broker_url, set_as_current=False).control
 
     def _names(self) -> dict[str, str]:
         """Each running worker's node name (``default-PID@host``) by its queue."""

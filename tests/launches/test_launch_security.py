@@ -27,6 +27,9 @@ ATTACK = {
 def spare(sim_fleet):
     sim = sim_fleet["spare"]
     sim.make_clean()
+    # The node's disk outlives reboots, as a real one does: the markers an earlier test's launch
+    # left (the attack allowed on purpose) are not this test's to find.
+    sim.ok("find ~/.rankwise /tmp -name pwned.txt -delete 2>/dev/null; true")
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()

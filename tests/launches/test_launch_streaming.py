@@ -117,7 +117,7 @@ def test_a_worker_holding_messages_survives_a_redis_restart(settings, own_redis,
     workers = Workers(database_url(settings), own_redis.url)
     workers.start("default")
     try:
-        before = Celery(broker=own_redis.url)
+        before = Celery(broker=own_redis.url, set_as_current=False)
         before.send_task(
             "nodes.reconcile_launches", countdown=120, queue="default"
         )  # held by the worker (ETA)
@@ -134,7 +134,9 @@ def test_a_worker_holding_messages_survives_a_redis_restart(settings, own_redis,
             60,
         ), workers.log("default")[-3000:]
         assert workers.procs["default"].poll() is None, workers.log("default")[-3000:]
-        after = Celery(broker=own_redis.url, backend=own_redis.url)  # a new CLI call, say
+        after = Celery(
+            broker=own_redis.url, backend=own_redis.url, set_as_current=False
+        )  # a new CLI call, say
         assert after.send_task("nodes.reconcile_launches", queue="default").get(timeout=60) == 0
     finally:
         workers.stop()
