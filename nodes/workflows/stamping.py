@@ -36,6 +36,7 @@ def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
         used = {}
     observed = footprint(launch, used)
     healthy = int((timezone.now() - launch.ready_at).total_seconds()) if launch.ready_at else 0
+    # The stamp and its audit entry together: nobody reads one without the other.
     try:
         with transaction.atomic():
             stamp = KnownGoodStamp.objects.create(
@@ -54,21 +55,21 @@ def stamp_if_due(launch: Launch) -> KnownGoodStamp | None:
                 observed=observed,
                 estimate=launch.estimate,
             )
+            record(
+                "profile.known_good",
+                actor=None,
+                actor_name=launch.created_by,
+                obj=launch.revision.profile,
+                after={
+                    "revision": launch.revision.number,
+                    "node": node.name,
+                    "gpu_class": stamp.gpu_class,
+                    "launch": launch.pk,
+                    "healthy_seconds": healthy,
+                },
+            )
     except IntegrityError:
         return None  # another follower stamped it a moment ago
-    record(
-        "profile.known_good",
-        actor=None,
-        actor_name=launch.created_by,
-        obj=launch.revision.profile,
-        after={
-            "revision": launch.revision.number,
-            "node": node.name,
-            "gpu_class": stamp.gpu_class,
-            "launch": launch.pk,
-            "healthy_seconds": healthy,
-        },
-    )
     return stamp
 
 
