@@ -30,7 +30,7 @@ COMMANDS = {
     "quick": ["./run", "test", "--quick", "-p", "no:cacheprovider", "--durations=10"],
     "ci": ["bash", ".ci/run"],
 }
-SUMMARY = re.compile(r"^=*\s*(\d+ passed.*?)\s*=*$", re.M)
+SUMMARY = re.compile(r"^=*\s*((?:\d+ \w+, )*\d+ passed.*?)\s*=*$", re.M)
 DURATION = re.compile(r"^(\d+\.\d+)s (call|setup|teardown)\s+(\S+)$", re.M)
 
 

@@ -56,13 +56,13 @@ def _workers_answering(redis_port: int) -> list[str]:
 def _log_in(base: str, username: str, password: str) -> str:
     jar = http.cookiejar.CookieJar()
     opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(jar))
-    form = opener.open(f"{base}/login/", timeout=10).read().decode()
+    form = opener.open(f"{base}/login/", timeout=60).read().decode()
     token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form)
     assert token, form[:500]
     data = urllib.parse.urlencode(
         {"username": username, "password": password, "csrfmiddlewaretoken": token[1]}
     ).encode()
-    return str(opener.open(f"{base}/login/", data=data, timeout=10).read().decode())
+    return str(opener.open(f"{base}/login/", data=data, timeout=60).read().decode())
 
 
 def test_run_brings_up_panel_with_its_own_redis_and_stops_on_sigterm(tmp_path):

@@ -37,10 +37,20 @@ def browser() -> Iterator[object]:
         browser.close()
 
 
+#: How long an action (a click, a fill) and an ``expect`` wait for their condition before failing.
+#: Deadlines, not delays: a condition met at once returns at once. Generous because the suite runs
+#: several processes on two cores, where a page can take seconds to answer.
+ACTION_TIMEOUT_MS = 30_000
+EXPECT_TIMEOUT_MS = 20_000
+
+
 @pytest.fixture
 def page(browser):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     context = browser.new_context()
-    context.set_default_timeout(10_000)
+    context.set_default_timeout(ACTION_TIMEOUT_MS)
     page = context.new_page()
     yield page
     context.close()
