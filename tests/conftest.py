@@ -24,8 +24,9 @@ from tests.panel import Panel, start_panel
 from tests.redis_server import OwnRedis
 from tests.workers import Workers
 
-# The fleet the simulated-node tests share. Each node has a job; tests that leave a node dirty
-# reboot it first (see ``fresh``). Sizes follow the incident: 8 × 96 GiB GPUs, 449 GB of RAM.
+# The fleet the simulated-node tests share (one per pytest process). Each node has a job; a test
+# starts from a node as booted (``SimNode.make_clean``: rebooted only if an earlier test left it
+# otherwise). Sizes follow the incident: 8 × 96 GiB GPUs, 449 GB of RAM.
 FLEET_SPEC = {
     "nodes": [
         {
