@@ -687,18 +687,20 @@ def _why_blocked(docs: list[dict[str, Any]]) -> str:
 
 def _block(launch: Launch, checks: list[dict[str, Any]], why: str) -> None:
     """Pre-flight refused the launch: ``blocked`` with its checks, unless it was stopped
-    meanwhile (the stop releases what it holds)."""
-    if launch_state.transition(
-        launch.pk,
-        LaunchStatus.BLOCKED,
-        frm=[LaunchStatus.PENDING, LaunchStatus.PREFLIGHT],
-        actor_name=launch.created_by,
-        checks=checks,
-        reason=f"pre-flight refused: {why}",
-        worker_token="",
-        worker_beat=None,
-    ):
-        release(launch)
+    meanwhile (the stop releases what it holds). Blocked and released in one transaction: no
+    reader sees a blocked launch still holding its GPUs."""
+    with transaction.atomic():
+        if launch_state.transition(
+            launch.pk,
+            LaunchStatus.BLOCKED,
+            frm=[LaunchStatus.PENDING, LaunchStatus.PREFLIGHT],
+            actor_name=launch.created_by,
+            checks=checks,
+            reason=f"pre-flight refused: {why}",
+            worker_token="",
+            worker_beat=None,
+        ):
+            release(launch)
 
 
 def _start_remote(launch: Launch, conn: Any, interface: str = "") -> agent.GroupStatus:

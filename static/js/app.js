@@ -459,6 +459,10 @@
     matches = [];
     current = -1;
     matchTotal = "";
+    // A read still under way (a step to the previous match) must not mark its line once this
+    // search has begun: its answer arrives to a generation that is no longer current.
+    generation += 1;
+    loading = false;
     for (const old of log.querySelectorAll(".current")) old.classList.remove("current");
     showMatches();
     if (!query) return toTail();
