@@ -81,7 +81,7 @@ class Workers:
     def wait_ready(self, count: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if len(self._control().ping(timeout=0.5, limit=count) or []) >= count:
+            if len(self._control().ping(timeout=0.5) or []) >= count:
                 return
             time.sleep(0.3)
         raise AssertionError(f"workers did not answer: see {self.logs}")
@@ -96,8 +96,7 @@ class Workers:
         """Each running worker's node name (``default-PID@host``) by its queue."""
         return {
             name.split("-", 1)[0]: name
-            # ``limit``: answered as soon as every worker has, not after the whole timeout.
-            for reply in self._control().ping(timeout=1, limit=len(self.procs)) or []
+            for reply in self._control().ping(timeout=1) or []
             for name in reply
         }
 
