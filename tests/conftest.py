@@ -290,6 +290,7 @@ def _shared_workers(django_db_setup, django_db_blocker) -> Iterator[Workers]:
         yield workers
     finally:
         workers.stop()
+        _await_others_gone(django_db_blocker)
 
 
 @pytest.fixture
@@ -305,7 +306,7 @@ def launch_workers(_shared_workers, transactional_db, celery_app_for_tests) -> I
 
 
 @pytest.fixture(scope="session")
-def _shared_panel(django_db_setup, tmp_path_factory) -> Iterator[Panel]:
+def _shared_panel(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Panel]:
     from django.conf import settings as django_settings
 
     server = start_panel(
@@ -315,6 +316,29 @@ def _shared_panel(django_db_setup, tmp_path_factory) -> Iterator[Panel]:
         yield server
     finally:
         server.stop()
+        _await_others_gone(django_db_blocker)
+
+
+def _await_others_gone(django_db_blocker, seconds: float = 10.0) -> None:
+    """Wait until no other session uses the PostgreSQL test database: a killed process's
+    server-side session ends a moment after the process, and the database cannot be dropped
+    at the end of the run while one remains (it would be left behind)."""
+    import time
+
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    deadline = time.monotonic() + seconds
+    with django_db_blocker.unblock(), connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if cursor.fetchone()[0] == 0:
+                return
+            time.sleep(0.05)  # polling the server's own record of sessions: nothing to wait on
 
 
 @pytest.fixture

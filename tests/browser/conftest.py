@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -44,13 +45,34 @@ ACTION_TIMEOUT_MS = 30_000
 EXPECT_TIMEOUT_MS = 20_000
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    if report.when == "call" and report.failed:
+        item.stash[_FAILED] = True
+    return report
+
+
+_FAILED = pytest.StashKey[bool]()
+#: Where a failed journey's trace goes (``RANKWISE_TRACES=DIR``; read it with ``playwright
+#: show-trace``): what the page asked, what it was answered and when, its console. Off by
+#: default: tracing costs the renderer time on a loaded machine.
+TRACES = os.environ.get("RANKWISE_TRACES", "")
+
+
 @pytest.fixture
-def page(browser):
+def page(browser, request):
     from playwright.sync_api import expect
 
     expect.set_options(timeout=EXPECT_TIMEOUT_MS)
     context = browser.new_context()
     context.set_default_timeout(ACTION_TIMEOUT_MS)
+    if TRACES:
+        context.tracing.start(snapshots=True, screenshots=False)
     page = context.new_page()
     yield page
+    if TRACES and request.node.stash.get(_FAILED, False):
+        path = Path(TRACES) / f"{request.node.name[:80]}-{os.getpid()}.zip"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        context.tracing.stop(path=str(path))
     context.close()

@@ -5,8 +5,11 @@ says how many lines came meanwhile."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.urls import reverse
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
 from nodes.domain.log_lines import level_of, rank_of
@@ -36,6 +39,29 @@ def _text(i: int) -> str:
 
 def _count(page) -> int:
     return int(page.evaluate(f"{LINES}.length"))
+
+
+def _wait_for(
+    page, launch: int, condition: str, arg: int, what: str, timeout: float = 30_000
+) -> None:
+    """Wait for ``condition(arg)`` on the page; a timeout says what the viewer showed then (its
+    status, its button, the lines it held, the launch's stored lines): a journey that fails
+    only on a loaded machine must leave enough to tell a slow page from a stuck one."""
+    try:
+        page.wait_for_function(condition, arg=arg, timeout=timeout)
+    except PlaywrightTimeout:
+        shown = page.evaluate(
+            f"(() => {{ const s = {LINES}; return [document.getElementById('log-status')"
+            ".textContent, document.getElementById('log-follow').textContent, "
+            "document.getElementById('log-follow').hidden, s.length, "
+            "s.length ? +s[0].dataset.seq : 0, s.length ? +s[s.length - 1].dataset.seq : 0]; })()"
+        )
+        stored = LaunchLogLine.objects.filter(launch_id=launch).count()
+        raise AssertionError(
+            f"no {what} ({condition} with {arg}) in {timeout / 1000:.0f} s: status "
+            f"{shown[0]!r}, button {shown[1]!r} (hidden: {shown[2]}), {shown[3]} lines held "
+            f"({shown[4]}–{shown[5]}), {stored} stored"
+        ) from None
 
 
 def _seqs(page) -> tuple[int, int]:
@@ -86,7 +112,7 @@ def test_a_long_stored_log_is_read_in_windows_searched_and_jumped_through(
     # The first search's answer has been seen to take 4–5 s to reach this browser on a loaded
     # 2-core machine while the same request from the page's script took 30 ms: not a wait to
     # assert on here (benchmarks/logviewer.py measures search).
-    expect(page.locator("#log-matches")).to_have_text("Match 1 of 10: line 2,000", timeout=15_000)
+    expect(page.locator("#log-matches")).to_have_text("Match 1 of 10: line 2,000", timeout=30_000)
     expect(page.locator("#line-2000 mark")).to_have_text("needle")
     page.get_by_role("button", name="Next match").click()
     expect(page.locator("#line-4000.current")).to_be_attached()
@@ -138,7 +164,7 @@ def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scroll
     spare = ready_node(sim_fleet["spare"])
     olga = make_user("olga", "operator")
     command = (
-        "SGLANG_STANDIN_CHATTER=500 SGLANG_STANDIN_CHATTER_SECONDS=30 python3 -m "
+        "SGLANG_STANDIN_CHATTER=250 SGLANG_STANDIN_CHATTER_SECONDS=120 python3 -m "
         "sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2"
     )
     launch = launching.submit(node=spare, command=command, actor=olga)
@@ -146,9 +172,11 @@ def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scroll
     log_in(page, panel.url, "olga")
     page.goto(f"{panel.url}{reverse('nodes:launch-detail', args=[launch.pk])}")
     expect(page.locator("#log-status")).to_have_text("Following live.")
-    # The chatter outgrows the window; the page keeps the newest CAP lines.
-    page.wait_for_function(f"+{LINES}[{LINES}.length - 1].dataset.seq > {CAP + 2000}",
-                           timeout=60_000)  # fmt: skip
+    # The chatter outgrows the window; the page keeps the newest CAP lines. (It chatters for
+    # two minutes: a loaded machine can take most of one to log in and open the page.)
+    opened = _seqs(page)[0]
+    outgrown = f"(n) => {LINES}.length === {CAP} && +{LINES}[0].dataset.seq > n"
+    _wait_for(page, launch.pk, outgrown, opened, "window dropping its oldest", timeout=60_000)
     assert _count(page) <= CAP
     # The chatter is decode-batch lines: one counted group, the latest in its summary.
     summary = page.locator("#launch-log details.decode-group > summary")
@@ -169,12 +197,18 @@ def test_a_chatty_server_is_followed_in_a_bounded_window_that_pauses_when_scroll
     # The one collapsed group does not fill the box, so nothing scrolls: PageUp (or the wheel
     # upwards) at its top reads earlier lines and pauses (found by a new user: it did nothing).
     page.locator("#launch-log").focus()
-    page.keyboard.press("PageUp")
+    # The window moves on with the chatter until the key pauses it: earlier means earlier than
+    # the line the page asked before, not than the group's first line read above.
+    with page.expect_response(lambda r: "/lines/?before=" in r.url) as asked:
+        page.keyboard.press("PageUp")
+    before = int(re.search(r"before=(\d+)", asked.value.url)[1])
     expect(page.get_by_role("button", name="Follow live")).to_be_visible()
     expect(page.locator("#log-status")).to_have_text(
         "Paused: new lines are counted on the button, not shown."
     )
-    page.wait_for_function(f"(n) => +{LINES}[0].dataset.seq < n", arg=first)
+    _wait_for(
+        page, launch.pk, f"(n) => +{LINES}[0].dataset.seq < n", before, "lines before the window"
+    )
     page.get_by_label("Group decode-batch lines").uncheck()
     page.wait_for_function(f"{LINES}.length > 500 && !document.querySelector('.decode-group')")
     page.evaluate(
