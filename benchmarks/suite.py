@@ -54,7 +54,9 @@ def one_run(what: str, venv: Path, keep: bool) -> dict[str, object]:
         done = subprocess.run(COMMANDS[what], cwd=checkout, env=env, capture_output=True, text=True)
         wall = time.monotonic() - start
         out = done.stdout + done.stderr
-        (folder / "output.txt").write_text(out)
+        # Kept whatever happens (the clone is not): a failure is read from it afterwards.
+        kept = folder.with_name(f"{folder.name}.txt")
+        kept.write_text(out)
         summary = SUMMARY.findall(out)
         return {
             "what": what,
@@ -65,7 +67,7 @@ def one_run(what: str, venv: Path, keep: bool) -> dict[str, object]:
                 {"seconds": float(s), "phase": p, "test": t}
                 for s, p, t in DURATION.findall(out)[:10]
             ],
-            "output": str(folder / "output.txt") if keep else "",
+            "output": str(kept),
         }
     finally:
         if not keep:
@@ -77,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--what", choices=sorted(COMMANDS), default="test")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--venv", default=str(ROOT / ".venv"))
-    parser.add_argument("--keep", action="store_true", help="keep each clone and its output")
+    parser.add_argument("--keep", action="store_true", help="keep each clone (its output is kept)")
     args = parser.parse_args(argv)
     venv = Path(args.venv).resolve()
     if not (venv / "bin" / "python").exists():

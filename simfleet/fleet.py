@@ -392,9 +392,10 @@ class Fleet:
             try:
                 with open(f"/proc/{descendant}/cmdline", "rb") as handle:
                     argv = handle.read().split(b"\0")
-                with open(f"/proc/{descendant}/stat") as handle:
-                    state = handle.read().rsplit(")", 1)[1].split()[0]
             except FileNotFoundError:
+                continue
+            state = _state(descendant)
+            if state is None:
                 continue
             if state == "Z" or not _as_booted(argv):
                 found.append(f"process {descendant} ({state}): {b' '.join(argv).decode()[:80]}")
@@ -571,12 +572,18 @@ def _rmdir(path: str) -> bool:
     return True
 
 
-def _exists(pid: int) -> bool:
+def _state(pid: int) -> str | None:
+    """The process's state letter (``R``, ``S``, ``Z``…, proc(5)), ``None`` once it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as handle:
-            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+            # The name in parentheses may hold spaces and ")": the state follows the last one.
+            return handle.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
-        return False
+        return None
+
+
+def _exists(pid: int) -> bool:
+    return _state(pid) not in (None, "Z")
 
 
 def _is_ours(pid: int, netns: str) -> bool:
@@ -589,11 +596,20 @@ def _is_ours(pid: int, netns: str) -> bool:
 
 
 def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started, whichever of its threads started them (each thread has
+    its own ``children`` list), in the order the kernel lists them."""
     try:
-        with open(f"/proc/{pid}/task/{pid}/children") as handle:
-            return [int(p) for p in handle.read().split()]
+        tasks = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
     except FileNotFoundError:
         return []
+    found: list[int] = []
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children") as handle:
+                found += [int(p) for p in handle.read().split()]
+        except FileNotFoundError:
+            continue
+    return found
 
 
 LOCK_FILE = "/run/lock/simfleet.lock"
@@ -627,23 +643,13 @@ def _free_subnet(preferred: tuple[int, int, int]) -> tuple[int, int, int]:
 
 
 def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid``, whichever of its threads started it."""
+    """Every process below ``pid``."""
     found: list[int] = []
     todo = [pid]
     while todo:
-        parent = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{parent}/task")
-        except FileNotFoundError:
-            continue
-        for task in tasks:
-            try:
-                with open(f"/proc/{parent}/task/{task}/children") as handle:
-                    children = [int(p) for p in handle.read().split()]
-            except FileNotFoundError:
-                continue
-            found += children
-            todo += children
+        children = _children(todo.pop())
+        found += children
+        todo += children
     return found
 
 
