@@ -84,3 +84,30 @@ def env_secret(name: str, state_dir: Path, generate: Callable[[], str]) -> str:
 def random_token() -> str:
     """A URL-safe random string of 50 characters, fit for Django's SECRET_KEY."""
     return secrets.token_urlsafe(38)
+
+
+def private_folder(path: Path) -> Path:
+    """Create ``path`` (and missing parents) as owner-only (0700), or narrow an existing folder
+    of ours to 0700: the state folder holds the sessions, password hashes, secrets and the
+    audit trail, and any other local account could read a 0755 one. A folder owned by another
+    user is left as it is (whoever set it up chose its mode). Returns ``path``."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _narrow(path, 0o700)
+    return path
+
+
+def private_file(path: Path) -> Path:
+    """Create ``path`` empty as owner-only (0600) unless it exists, and narrow an existing file
+    of ours to 0600. SQLite opens an empty file as a new database and gives its journal and WAL
+    files the database file's mode, so creating it first keeps all of them private."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        _narrow(path, 0o600)
+    return path
+
+
+def _narrow(path: Path, mode: int) -> None:
+    info = path.stat()
+    if info.st_uid == os.getuid() and info.st_mode & 0o777 & ~mode:
+        path.chmod(mode)

@@ -16,7 +16,16 @@ from cryptography.fernet import Fernet
 from django.core.exceptions import ImproperlyConfigured
 from dotenv import load_dotenv
 
-from controlpanel.env import env_bool, env_int, env_list, env_secret, env_str, random_token
+from controlpanel.env import (
+    env_bool,
+    env_int,
+    env_list,
+    env_secret,
+    env_str,
+    private_file,
+    private_folder,
+    random_token,
+)
 
 # Lets generic Django classes (ModelAdmin[Node], ModelForm[Node]) be subscripted at run time.
 django_stubs_ext.monkeypatch()
@@ -28,6 +37,7 @@ load_dotenv(BASE_DIR / ".env", override=False)
 STATE_DIR = Path(env_str("RANKWISE_STATE_DIR", str(BASE_DIR / "var")))
 if not str(STATE_DIR).strip() or (STATE_DIR.exists() and not STATE_DIR.is_dir()):
     raise ImproperlyConfigured(f"RANKWISE_STATE_DIR={str(STATE_DIR)!r} is not a usable folder.")
+private_folder(STATE_DIR)
 
 DEBUG = env_bool("DEBUG", False)
 SECRET_KEY = env_secret("SECRET_KEY", STATE_DIR, random_token)
@@ -108,6 +118,9 @@ try:
 except ValueError as exc:  # dj-database-url's UnknownSchemeError is a ValueError
     raise ImproperlyConfigured(f"DATABASE_URL is not a database URL: {exc}") from None
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    if Path(DATABASES["default"]["NAME"]).parent == STATE_DIR:
+        # The panel's own database: owner-only like its folder (SQLite gives its WAL the same).
+        private_file(Path(DATABASES["default"]["NAME"]))
     # WAL lets the web server read while a worker writes; the busy timeout (seconds) and
     # IMMEDIATE transactions make concurrent writers wait instead of failing with "locked".
     DATABASES["default"]["OPTIONS"] = {

@@ -73,6 +73,42 @@ def test_defaults_give_sqlite_in_wal_mode_and_keep_generated_secrets(tmp_path):
     assert pragma == "(('wal',),)"
 
 
+def _mode(path: Path) -> str:
+    return oct(path.stat().st_mode & 0o777)
+
+
+def test_the_state_folder_and_its_database_are_for_their_owner_alone(tmp_path):
+    """Found by a team lead: ``var/`` was 0755 and the database 0644 while they hold the
+    sessions, password hashes and audit trail of every user. Whichever command comes first (here
+    ``manage.py migrate``, a real process, as after a fresh clone) makes them owner-only."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY"}}
+    state = tmp_path / "state"
+    migrate = subprocess.run(
+        [sys.executable, "manage.py", "migrate", "--no-input"],
+        cwd=ROOT,
+        env={**env, "RANKWISE_STATE_DIR": str(state), "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert migrate.returncode == 0, migrate.stderr
+    assert _mode(state) == "0o700"
+    written = [p for p in state.iterdir() if p.is_file()]
+    assert {p.name for p in written} >= {"rankwise.sqlite3", "secret_key"}
+    assert {p.name: _mode(p) for p in written} == {p.name: "0o600" for p in written}
+
+
+def test_an_existing_open_state_folder_is_narrowed(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir(mode=0o755)
+    state.chmod(0o755)
+    database = state / "rankwise.sqlite3"
+    database.touch()
+    database.chmod(0o644)
+    _settings_in_subprocess(tmp_path, "s.DATABASES['default']['NAME']")
+    assert (_mode(state), _mode(database)) == ("0o700", "0o600")
+
+
 def test_postgres_url_is_understood(tmp_path):
     out = _settings_in_subprocess(
         tmp_path,
