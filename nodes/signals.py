@@ -1,13 +1,17 @@
-"""Audit receivers for logins, failed logins and logouts."""
+"""Audit receivers for logins, failed logins and logouts; the first admin's kept password is
+forgotten once it is changed."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
+from django.db.models.signals import post_save
 from django.dispatch import receiver
 from django.http import HttpRequest
 
+from nodes.services import first_password
 from nodes.services.audit import record
 
 
@@ -29,3 +33,10 @@ def audit_login_failed(
     # Only the user name is kept; Django has already masked anything that looks like a password.
     tried = str(credentials.get("username", ""))[:150]
     record("auth.login_failed", actor=None, actor_name=tried or "anonymous", request=request)
+
+
+@receiver(post_save, sender=get_user_model())
+def forget_first_password(sender: Any, instance: Any, **kwargs: Any) -> None:
+    fields = kwargs.get("update_fields")
+    if fields is None or "password" in fields:
+        first_password.forget_if_changed(instance)

@@ -94,11 +94,13 @@ def test_run_brings_up_panel_with_its_own_redis_and_stops_on_sigterm(tmp_path):
         assert _answers(redis_port), "./run should have started Redis on the port in REDIS_URL"
 
         output = (tmp_path / "run.log").read_text()
-        password = re.search(r"password: (\S+)", output)
-        assert password, output
-        saved = (tmp_path / "state" / "admin_password").read_text().split()
-        assert saved == ["admin", password[1]]
-        page = _log_in(f"http://127.0.0.1:{web_port}", "admin", password[1])
+        # The first password is in an owner-only file, never in the output (which may go to
+        # nohup.out or the journal).
+        kept = tmp_path / "state" / "admin_password"
+        username, password = kept.read_text().split()
+        assert username == "admin" and password not in output and str(kept) in output, output
+        assert oct(kept.stat().st_mode & 0o777) == "0o600"
+        page = _log_in(f"http://127.0.0.1:{web_port}", "admin", password)
         assert "<h1>Nodes</h1>" in page and "admin · Admin" in page
         assert sorted(_workers_answering(redis_port)) == ["default", "streams"], output
     finally:

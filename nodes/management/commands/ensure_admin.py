@@ -1,12 +1,11 @@
-"""``manage.py ensure_admin``: on first run, create the ``admin`` account and print its password.
-
-The password is printed once and kept in ``var/admin_password`` (git-ignored, mode 0600) so the
-operator can find it again; later runs change nothing.
+"""``manage.py ensure_admin``: on first run, create the ``admin`` account with a generated
+password, kept in ``var/admin_password`` (git-ignored, mode 0600) until it is changed, and say
+where it is. The password itself is never printed: ``./run``'s output may go to ``nohup.out`` or
+the journal, readable long after. Later runs change nothing.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
 from typing import Any
 
@@ -17,11 +16,12 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 
 from nodes.models.choices import Role
+from nodes.services import first_password
 from nodes.services.audit import record
 
 
 class Command(BaseCommand):
-    help = "Create the first admin account if there is none, printing its password once."
+    help = "Create the first admin account if there is none, saying where its password is kept."
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--username", default="admin")
@@ -45,12 +45,8 @@ class Command(BaseCommand):
             user.save()
             user.groups.add(Group.objects.get(name=Role.ADMIN))
             record("user.create", actor=None, actor_name="setup", obj=user, after={"role": "admin"})
-        path = settings.STATE_DIR / "admin_password"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            handle.write(f"{username} {password}\n")
+        kept = first_password.keep(username, password)
         self.stdout.write(
-            f"Created the admin account.\n  user:     {username}\n  password: {password}\n"
-            f"  (kept in {path}; change it after logging in)"
+            f"Created the admin account {username!r}: its password is in {kept} "
+            "(readable by you alone; the file goes once you change the password)."
         )
