@@ -28,7 +28,8 @@ _MAX = re.compile(r"max_total_num_tokens=(-?\d+)")
 
 
 class CalibrationError(ValueError):
-    """The log holds no ``Load weight begin``/``end`` pair to calibrate from."""
+    """The log holds no ``Load weight begin``/``end`` pair to calibrate from, or one of its
+    figures is not a number that a GPU could print (the message says which)."""
 
 
 @dataclass
@@ -60,31 +61,54 @@ class Figures:
         return doc
 
 
-def _gib(text: str) -> int:
+#: A GPU's memory figure above this is no reading (the largest cards hold under 300 GB).
+MEMORY_MAX_BYTES = 2**40  # 1 TiB
+#: A token count above this is no reading: SGLang indexes a pool's token slots with int32
+#: (``ReqToTokenPool.req_to_token``, python/sglang/srt/mem_cache/memory_pool.py).
+TOKENS_MAX = 2**31 - 1
+_DECIMAL = re.compile(r"\d{1,15}(?:\.\d{1,15})?")
+
+
+def _gib(text: str, what: str) -> int:
+    """``text`` GiB (as SGLang prints "GB") in bytes; ``CalibrationError`` for anything that is
+    not a plain decimal of at most ``MEMORY_MAX_BYTES``."""
+    if not _DECIMAL.fullmatch(text) or float(text) * GiB > MEMORY_MAX_BYTES:
+        raise CalibrationError(
+            f"{what}={text[:40]} GB is not a GPU memory figure "
+            f"(a decimal number of GB up to {MEMORY_MAX_BYTES // GiB:,})"
+        )
     return round(float(text) * GiB)
+
+
+def _tokens(text: str, what: str) -> int:
+    """A token count; ``CalibrationError`` past ``TOKENS_MAX``."""
+    if len(text) > 11 or abs(int(text)) > TOKENS_MAX:
+        raise CalibrationError(f"{what}={text[:40]} is not a token count (at most {TOKENS_MAX:,})")
+    return int(text)
 
 
 def parse(lines: Iterable[str]) -> Figures:
     """The calibration figures of a start-up log; raises ``CalibrationError`` when the log does
-    not show both weight lines of at least one rank."""
+    not show both weight lines of at least one rank, or when a figure is malformed or past what
+    a GPU holds (``MEMORY_MAX_BYTES``, ``TOKENS_MAX``)."""
     ranks: dict[int, RankFigures] = {}
     max_total = model_path = tp_size = None
     for line in lines:
         if model_path is None and (arg := _ARG_MODEL.search(line)):
             model_path = arg.group(1)
         if tp_size is None and (arg := _ARG_TP.search(line)):
-            tp_size = int(arg.group(1))
+            tp_size = _tokens(arg.group(1), "tp_size")
         found = _RANK.search(line)
         rank = int(found.group(1)) if found else 0
         figures = ranks.setdefault(rank, RankFigures(rank))
         if match := _BEGIN.search(line):
-            figures.free_before_load_bytes = _gib(match.group(1))
+            figures.free_before_load_bytes = _gib(match.group(1), "avail mem")
         elif match := _END.search(line):
-            figures.weights_bytes = _gib(match.group(1))
+            figures.weights_bytes = _gib(match.group(1), "mem usage")
         elif match := _KV.search(line):
-            figures.kv_tokens = int(match.group(1))
+            figures.kv_tokens = _tokens(match.group(1), "#tokens")
         elif match := _MAX.search(line):
-            max_total = int(match.group(1))
+            max_total = _tokens(match.group(1), "max_total_num_tokens")
     frees = [r.free_before_load_bytes for r in ranks.values() if r.free_before_load_bytes]
     weights = [r.weights_bytes for r in ranks.values() if r.weights_bytes]
     if not frees or not weights:

@@ -215,6 +215,45 @@ def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(oper
     assert "238007" in table_html.replace(",", "") and "+0.0 %" not in table_html
 
 
+@pytest.mark.parametrize(
+    ("swap", "said"),
+    [
+        (("avail mem=", "avail mem=1.2.3"), "avail mem=1.2.3"),
+        (("avail mem=", "avail mem=" + "9" * 30), "avail mem=999"),
+        (("mem usage=", "mem usage=" + "7" * 20), "mem usage=777"),
+        (("#tokens: ", "#tokens: " + "8" * 26), "#tokens=888"),
+    ],
+)
+def test_a_pasted_log_with_impossible_figures_is_refused_with_the_figure_named(
+    operator_client, swap, said
+):
+    """Found by an adversarial pass: these were 500 pages (a float that is no number, an
+    integer too big for the database). Each figure is a decimal within what a GPU holds."""
+    node = make_node("node-b", sglang_version="0.5.9")
+    config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
+    args = [*S01_ARGS, "0.93"]
+    model = model_facts.model_facts(node, "", config)
+    revision = profiles.save_revision(
+        profile_name="kimi",
+        args=args,
+        env={},
+        message="",
+        node=node,
+        report=profiles.evaluate(args, node, model),
+        model=model,
+        actor=make_user("owen", None),
+    )
+    log = (S01 / "launch.log").read_text()
+    old, new = swap
+    assert old in log
+    pasted = log.replace(old, new)
+    url = f"/launch-profiles/{revision.profile.pk}/calibrate/"
+    page = operator_client.post(url, {"log": pasted}, follow=True)
+    assert page.status_code == 200
+    assert "That log cannot calibrate: " + said in page.content.decode()
+    assert not Calibration.objects.exists()
+
+
 def test_a_log_of_another_model_or_tp_size_does_not_calibrate(tmp_path):
     from nodes.domain.calibration import check_fits
 
