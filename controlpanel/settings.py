@@ -136,6 +136,10 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Request bodies past these are refused before Django reads them (controlpanel.body_limit):
+# bytes by path prefix (a file upload's own limit), and for every other path.
+REQUEST_BODY_LIMITS = {"/diagnose/": 64 * 2**20, "/launch-profiles/import/": 8 * 2**20}
+REQUEST_BODY_MAX_BYTES = 16 * 2**20
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "nodes:node-list"
 LOGOUT_REDIRECT_URL = "login"
