@@ -4,7 +4,9 @@
 "memory_used_bytes", "orphaned_bytes", "holders": [{"pid", "ppid", "state", "command",
 "launch_id", "team_only"}], "quarantine_reason"}], "host": {...}}``. A holder of a team-only
 launch the acting user (``--actor``) may not see says only ``team_only``: no launch id, no
-command, as on the node page. Exit 0; 1 when the node does not answer; 2 for an unknown node.
+command, as on the node page. Reading a node runs a command on it, so it needs an operator, as
+the API's ``/nodes/NAME/gpus`` does (a viewer sees the last stored reading on the node page).
+Exit 0; 1 when the node does not answer; 2 for an unknown node or an actor below operator.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class Command(OneLineCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
-            actor = resolve_actor(options["actor"], Role.VIEWER)
+            actor = resolve_actor(options["actor"], Role.OPERATOR)
         except CommandError as exc:
             raise CommandError(str(exc), returncode=2) from None
         node = Node.objects.filter(name=options["node"]).first()
