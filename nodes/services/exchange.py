@@ -154,17 +154,20 @@ def _import(
                     "imported (a member of it or an admin can import it)"
                 )
                 continue
-            if p.team and team is None:
+            # A team-only profile whose team is not here stays hidden: admins alone see it (as
+            # when its team is deleted), never everyone: an import must not widen who reads it.
+            visibility = p.visibility or LaunchProfile.Visibility.EVERYONE
+            if p.team and team is None and visibility == LaunchProfile.Visibility.TEAM:
                 report.notes.append(
-                    f"{p.name}: team {p.team!r} is not here; the profile is visible to "
-                    "everyone until an operator gives it a team"
+                    f"{p.name}: team {p.team!r} is not here; the profile is team-only and seen by "
+                    "admins alone until an admin gives it a team"
                 )
             profile, made = LaunchProfile.objects.get_or_create(
                 name=p.name,
                 defaults={
                     "created_by": p.created_by or author,
                     "team": team,
-                    "visibility": (p.visibility if team is not None else None) or "everyone",
+                    "visibility": visibility,
                 },
             )
             if not made and (profile.adhoc or (writable is not None and not writable(profile))):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -94,6 +95,26 @@ def test_a_team_only_profile_of_a_team_the_importer_is_not_in_is_not_imported(op
         in page.content.decode()
     )
     assert not LaunchProfile.objects.filter(name="hush").exists()
+
+
+def test_a_team_only_profile_of_a_team_not_here_arrives_for_admins_alone(
+    operator_client, viewer_client
+):
+    """Found by an adversarial pass: it arrived visible to everyone. An import never widens
+    who may read a profile; a profile shown to everyone stays so without its team."""
+    page = _upload(
+        operator_client, _doc("hush", ["--model-path", "/m"], team="research", visibility="team")
+    )
+    assert "team 'research' is not here; the profile is team-only and seen by admins alone" in (
+        html.unescape(page.content.decode())
+    )
+    hush = LaunchProfile.objects.get(name="hush")
+    assert (hush.team, hush.visibility) == (None, "team")
+    for client in (operator_client, viewer_client):
+        assert client.get(reverse("nodes:profile-detail", args=[hush.pk])).status_code == 404
+    _upload(operator_client, _doc("open", ["--model-path", "/m"], team="research"))
+    assert LaunchProfile.objects.get(name="open").visibility == "everyone"
+    assert viewer_client.get(reverse("nodes:profile-list")).content.decode().count("open") >= 1
 
 
 def test_the_audit_of_an_import_names_no_profile_and_each_profile_gets_its_own_entry(
