@@ -156,7 +156,7 @@ def _import(
                 continue
             # A team-only profile whose team is not here stays hidden: admins alone see it (as
             # when its team is deleted), never everyone: an import must not widen who reads it.
-            visibility = p.visibility or LaunchProfile.Visibility.EVERYONE
+            visibility: str = p.visibility or LaunchProfile.Visibility.EVERYONE.value
             if p.team and team is None and visibility == LaunchProfile.Visibility.TEAM:
                 report.notes.append(
                     f"{p.name}: team {p.team!r} is not here; the profile is team-only and seen by "
