@@ -346,9 +346,42 @@ def decide(name: str, allowances: Iterable[str] = ()) -> Decision:
     return Decision(name, "accepted", "not known to the panel; passed to the server as given")
 
 
+#: Linux passes one ``NAME=value`` string of at most this many bytes (its NUL included) to a
+#: program: ``MAX_ARG_STRLEN`` (32 pages; include/uapi/linux/binfmts.h). A longer one makes
+#: ``execve`` fail with E2BIG ("Argument list too long"), so the server could never start.
+MAX_ARG_STRLEN = 32 * 4096
+#: All of a profile's variables together, in bytes: the kernel's whole ``argv`` + ``envp``
+#: budget is a quarter of the stack limit (``ARG_MAX``, 2 MiB under the usual 8 MiB), shared
+#: with the SSH user's own environment and the command line; half of it is left to them.
+MAX_ENV_BYTES = 2**20
+
+
+def size_refusals(env: Mapping[str, str]) -> list[str]:
+    """Why ``env`` could not reach a program at all (too long for ``execve``), one message per
+    variable and one for the whole; empty when it fits. Values are never quoted."""
+    messages = []
+    total = 0
+    for name in sorted(env):
+        size = len(f"{name}={env[name]}".encode(errors="surrogatepass")) + 1
+        total += size
+        if size > MAX_ARG_STRLEN:
+            messages.append(
+                f"{name} is refused: its value is {size - len(name) - 2:,} bytes, and Linux "
+                f"passes a program at most {MAX_ARG_STRLEN - len(name) - 2:,} for it "
+                "(MAX_ARG_STRLEN): the server could never start"
+            )
+    if total > MAX_ENV_BYTES and not messages:
+        messages.append(
+            f"the environment is {total:,} bytes in all; at most {MAX_ENV_BYTES:,} are passed "
+            "to the server (the kernel's ARG_MAX is shared with the command line)"
+        )
+    return messages
+
+
 def refusals(env: Mapping[str, str], allowances: Iterable[str] = (), node: str = "") -> list[str]:
     """One message per refused variable of ``env`` (in name order), naming it and why, and how
-    to get it allowed on ``node``. Values are never quoted (they may be secrets). Empty: ok."""
+    to get it allowed on ``node``; then what ``size_refusals`` finds. Values are never quoted
+    (they may be secrets). Empty: ok."""
     allowances = list(allowances)
     messages = []
     for name in sorted(env):
@@ -363,4 +396,4 @@ def refusals(env: Mapping[str, str], allowances: Iterable[str] = (), node: str =
             f"{name} is refused: {decision.reason}. Remove it, or ask an admin to allow {name} "
             f"on {where} (node page → Edit → Allowed environment variables)"
         )
-    return messages
+    return messages + size_refusals(env)

@@ -235,3 +235,26 @@ def test_operators_cannot_edit_node_allowances(operator_client):
     assert response.status_code == 403
     node.refresh_from_db()
     assert node.allowed_env == []
+
+
+def test_a_value_too_long_for_execve_is_refused_at_the_api_and_the_import(client, node):
+    """Found by an adversarial pass: a 2 MB value saved as ``ok`` and could never launch (exit
+    127, "Argument list too long"). Linux takes one variable of at most 128 KiB (its name and
+    ``=`` included), and all of them within ARG_MAX."""
+    huge = {"MY_SETTING": "x" * 2_000_000}
+    response = api(client, "/api/profiles/validate", {"node": "gpu-01", "args": ARGS, "env": huge})
+    assert response.status_code == 400, response.content
+    detail = response.json()["detail"]
+    assert "MY_SETTING is refused: its value is 2,000,000 bytes" in detail
+    assert "at most 131,060" in detail and "xxxx" not in detail
+    with pytest.raises(exchange.ImportRefused, match="MY_SETTING is refused: its value is"):
+        exchange.import_(export_doc(huge), author="cli")
+    many = {f"MY_SETTING_{i}": "x" * 100_000 for i in range(12)}
+    response = api(client, "/api/profiles/validate", {"node": "gpu-01", "args": ARGS, "env": many})
+    assert response.status_code == 400
+    total = sum(len(f"{k}={v}") + 1 for k, v in many.items())  # each string and its NUL
+    assert f"the environment is {total:,} bytes in all" in response.json()["detail"]
+    fits = {"MY_SETTING": "x" * 100_000}
+    response = api(client, "/api/profiles/validate", {"node": "gpu-01", "args": ARGS, "env": fits})
+    assert response.status_code == 200, response.content
+    assert not ProfileRevision.objects.exists() and not LaunchProfile.objects.exists()
