@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -290,7 +291,6 @@ def _shared_workers(django_db_setup, django_db_blocker) -> Iterator[Workers]:
         yield workers
     finally:
         workers.stop()
-        _await_others_gone(django_db_blocker)
 
 
 @pytest.fixture
@@ -306,7 +306,7 @@ def launch_workers(_shared_workers, transactional_db, celery_app_for_tests) -> I
 
 
 @pytest.fixture(scope="session")
-def _shared_panel(django_db_setup, django_db_blocker, tmp_path_factory) -> Iterator[Panel]:
+def _shared_panel(django_db_setup, tmp_path_factory) -> Iterator[Panel]:
     from django.conf import settings as django_settings
 
     server = start_panel(
@@ -316,29 +316,30 @@ def _shared_panel(django_db_setup, django_db_blocker, tmp_path_factory) -> Itera
         yield server
     finally:
         server.stop()
-        _await_others_gone(django_db_blocker)
 
 
-def _await_others_gone(django_db_blocker, seconds: float = 10.0) -> None:
-    """Wait until no other session uses the PostgreSQL test database: a killed process's
-    server-side session ends a moment after the process, and the database cannot be dropped
-    at the end of the run while one remains (it would be left behind)."""
-    import time
-
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """pytest-django's test database, which it drops at the end of the run; before that, every
+    other session on it is ended. The processes this run started are gone by then (their
+    fixtures end first), but a session of a killed process ends a moment after it, and a thread
+    of this process that opened a connection (a follower run in-process) never closes it:
+    either would make the drop fail and leave the database behind on the server."""
+    yield
     from django.db import connection
 
     if connection.vendor != "postgresql":
         return
-    deadline = time.monotonic() + seconds
+    others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     with django_db_blocker.unblock(), connection.cursor() as cursor:
+        cursor.execute(f"SELECT pg_terminate_backend(pid) {others}")  # noqa: S608 - no input
+        # A terminated session ends a moment later: the drop must not come before.
+        deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            cursor.execute(
-                "SELECT count(*) FROM pg_stat_activity"
-                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            )
+            cursor.execute(f"SELECT count(*) {others}")  # noqa: S608
             if cursor.fetchone()[0] == 0:
-                return
-            time.sleep(0.05)  # polling the server's own record of sessions: nothing to wait on
+                break
+            time.sleep(0.02)  # polling the server's record: there is nothing to wait on
 
 
 @pytest.fixture

@@ -272,6 +272,8 @@ def test_a_rank_killed_after_ready_makes_the_launch_failed_not_running(spare, ol
     assert sglang_processes(spare.sim) == []
     assert not Reservation.objects.filter(launch=launch).exists()
     # The same engine reads the runtime failure: ready first, then the rank or /health.
+    # The diagnosis is a task of its own, queued when the launch failed.
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).diagnosis, 60)
     launch.refresh_from_db()
     diagnosis = launch.diagnosis
     assert diagnosis["category"] == "health-check-failure", diagnosis

@@ -76,7 +76,9 @@ def test_the_seed_chapter_is_kv_bound_and_the_mem_fraction_option_lifts_it_as_pr
     revision = capacity.apply_option(first, raise_mfs["change"], actor=pat)
     assert ending.stop(first.pk, actor=pat).clean
     second = launching.submit(node=incident, revision=revision, actor=pat)
-    assert wait_for(second, "ready", "failed", "blocked", timeout=240) == "ready"
+    status = wait_for(second, "ready", "failed", "blocked", timeout=240)
+    second.refresh_from_db()
+    assert status == "ready", (second.reason, second.diagnosis)
     second.refresh_from_db()
     assert second.server_info["max_total_num_tokens"] > pool
     load = _load(incident.sim, second, seconds=90)
