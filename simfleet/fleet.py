@@ -357,7 +357,7 @@ class Fleet:
             os.unlink(self._pid_file(record))
         group = os.path.join(FREEZER, self._freezer_name(record))
         if os.path.isdir(group):
-            _wait(lambda: _rmdir(group), 10, f"{group} still has processes")
+            _wait(lambda: _emptied(group), 30, f"{group} still has processes")
 
     def _wait_for_ssh(self, record: NodeRecord, timeout: float = 30) -> None:
         def banner() -> bool:
@@ -560,6 +560,22 @@ def _check_tools() -> None:
         raise FleetError(
             f"missing {', '.join(missing)}: install openssh-server, iproute2, util-linux, python3"
         )
+
+
+def _emptied(group: str) -> bool:
+    """Remove a node's freezer cgroup once nothing is in it; until then thaw it again and kill
+    what it holds (a process frozen mid-exit, or one that joined after the first thaw, outlives
+    the node's PID namespace until it runs again: seen on a loaded machine)."""
+    if _rmdir(group):
+        return True
+    with contextlib.suppress(FileNotFoundError):
+        with open(os.path.join(group, "freezer.state"), "w") as handle:
+            handle.write("THAWED")
+        with open(os.path.join(group, "cgroup.procs")) as handle:
+            for pid in handle.read().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+    return _rmdir(group)
 
 
 def _rmdir(path: str) -> bool:

@@ -176,7 +176,9 @@ def test_the_incident_forced_past_preflight_fails_with_a_snapshot_and_its_diagno
     assert sglang_processes(incident.sim) == []
     assert_whole_log(launch, incident.sim)
 
-    # The diagnosis: 0.5.9 checks each rank alone, so 8 × 300 GB went past the node's RAM.
+    # The diagnosis: 0.5.9 checks each rank alone, so 8 × 300 GB went past the node's RAM. It
+    # is a task of its own, queued when the launch failed.
+    wait_until(lambda: Launch.objects.get(pk=launch.pk).diagnosis, 60)
     launch.refresh_from_db()
     ram_gb = round(incident.host_ram_bytes / 1e9)
     diagnosis = launch.diagnosis
