@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +19,7 @@ import redis
 from django.test import Client
 
 from tests.factories import make_user
-from tests.fleet import bring_up, simfleet
+from tests.fleet import bring_up, simfleet, wait_until
 from tests.panel import Panel, start_panel
 from tests.redis_server import OwnRedis
 from tests.workers import Workers
@@ -333,13 +332,13 @@ def django_db_setup(django_db_setup, django_db_blocker) -> Iterator[None]:
     others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
     with django_db_blocker.unblock(), connection.cursor() as cursor:
         cursor.execute(f"SELECT pg_terminate_backend(pid) {others}")  # noqa: S608 - no input
-        # A terminated session ends a moment later: the drop must not come before.
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+
+        def none_left() -> bool:
             cursor.execute(f"SELECT count(*) {others}")  # noqa: S608
-            if cursor.fetchone()[0] == 0:
-                break
-            time.sleep(0.02)  # polling the server's record: there is nothing to wait on
+            return bool(cursor.fetchone()[0] == 0)
+
+        # A terminated session ends a moment later: the drop must not come before.
+        wait_until(none_left, 10, interval=0.02)
 
 
 @pytest.fixture

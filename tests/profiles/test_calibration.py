@@ -182,16 +182,13 @@ def test_a_first_launch_calibrates_the_next_estimate(
 
 
 @pytest.mark.django_db
-def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(operator_client):
-    node = make_node("node-b", sglang_version="0.5.9")
-    Gpu.objects.filter(node=node).update(
-        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
-    )
+def _s01_revision(node):
+    """Case S01's command (Kimi at ``--mem-fraction-static 0.93``) saved as profile ``kimi`` on
+    ``node`` by operator owen, checked against the case's model config."""
     config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
     args = [*S01_ARGS, "0.93"]
     model = model_facts.model_facts(node, "", config)
-    operator = make_user("owen", None)
-    revision = profiles.save_revision(
+    return profiles.save_revision(
         profile_name="kimi",
         args=args,
         env={},
@@ -199,8 +196,16 @@ def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(oper
         node=node,
         report=profiles.evaluate(args, node, model),
         model=model,
-        actor=operator,
+        actor=make_user("owen", None),
     )
+
+
+def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(operator_client):
+    node = make_node("node-b", sglang_version="0.5.9")
+    Gpu.objects.filter(node=node).update(
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
+    )
+    revision = _s01_revision(node)
     url = f"/launch-profiles/{revision.profile.pk}/calibrate/"
     refused = operator_client.post(url, {"log": "no weight lines here"}, follow=True)
     assert b"That log cannot calibrate" in refused.content
@@ -229,20 +234,7 @@ def test_a_pasted_log_with_impossible_figures_is_refused_with_the_figure_named(
 ):
     """Found by an adversarial pass: these were 500 pages (a float that is no number, an
     integer too big for the database). Each figure is a decimal within what a GPU holds."""
-    node = make_node("node-b", sglang_version="0.5.9")
-    config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
-    args = [*S01_ARGS, "0.93"]
-    model = model_facts.model_facts(node, "", config)
-    revision = profiles.save_revision(
-        profile_name="kimi",
-        args=args,
-        env={},
-        message="",
-        node=node,
-        report=profiles.evaluate(args, node, model),
-        model=model,
-        actor=make_user("owen", None),
-    )
+    revision = _s01_revision(make_node("node-b", sglang_version="0.5.9"))
     log = (S01 / "launch.log").read_text()
     old, new = swap
     assert old in log
