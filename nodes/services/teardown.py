@@ -5,7 +5,7 @@ memory timeline's samples."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -76,12 +76,18 @@ def finish(launch: Launch, remaining: list[dict[str, Any]]) -> tuple[dict[int, i
     return held, "; ".join(notes)
 
 
-def fail(launch_id: int, reason: str, *, spread: bool = True) -> bool:
+def fail(
+    launch_id: int, reason: str, *, spread: bool = True, frm: Iterable[str] | None = None
+) -> bool:
     """Mark a running launch ``failed``: snapshot the node at once, then stop the group and
     release what came back, and queue its diagnosis. False if the launch had already ended or
-    is being stopped. A node of a multi-node launch failing fails every other node's part
-    (``spread``: their ranks would wait on it for ever); the group is diagnosed as one."""
+    is being stopped, or is not in ``frm`` (the statuses the caller's reason holds for; any
+    running one but ``stopping`` by default). A node of a multi-node launch failing fails every
+    other node's part (``spread``: their ranks would wait on it for ever); the group is
+    diagnosed as one."""
     running = [s for s in LAUNCH_RUNNING if s != LaunchStatus.STOPPING]
+    if frm is not None:
+        running = [s for s in running if s in frm]
     if launch_state.transition(launch_id, LaunchStatus.FAILED, frm=running, reason=reason) is None:
         return False
     launch = Launch.objects.select_related("node").get(pk=launch_id)

@@ -363,7 +363,9 @@ class Follower:
         running = (LaunchStatus.STARTING, LaunchStatus.LOADING, LaunchStatus.READY)
         if dead and launch.status in running:
             when = "while serving" if launch.status == LaunchStatus.READY else "during start-up"
-            teardown.fail(launch.pk, f"{', '.join(dead)} died {when}")
+            # Only from the status read here: a group lost meanwhile had these ranks stopped
+            # on purpose (teardown.lose_group), and stays lost.
+            teardown.fail(launch.pk, f"{', '.join(dead)} died {when}", frm=[launch.status])
 
     def _drained(self, launch: Launch, status: agent.GroupStatus, splitter: LineSplitter) -> bool:
         """Every byte the dead server wrote is stored (a last line without ``\\n`` included)."""
@@ -395,6 +397,7 @@ class Follower:
                 f"the server exited with status {code}"
                 if code is not None
                 else "the server's processes are gone",
+                frm=[launch.status],  # as read just now: a group lost since stays lost
             )
         Launch.objects.filter(pk=launch.pk, worker_token=self.token).update(log_complete=True)
         if launch.lines_dropped:

@@ -266,3 +266,28 @@ def test_a_stop_retry_chain_counts_on_across_a_requeue_and_ends_bounded(settings
     assert launch.stop_attempts == 4 and launch.stop_token == ""
     entry = AuditEntry.objects.get(action="launch.stop_failed")
     assert entry.after["attempts"] == 4
+
+
+def test_ranks_stopped_because_another_node_was_lost_do_not_fail_the_lost_launch(launch):
+    """Node 0's follower read its launch as ready just before another node's follower marked
+    the group lost and stopped node 0's ranks: the ranks it then finds gone were stopped on
+    purpose, so the launch stays lost (it ends failed only once the lost node answers)."""
+    from nodes.remote.client import GroupStatus
+
+    Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.READY)
+    follower = Follower(launch.pk)
+    seen = Launch.objects.get(pk=launch.pk)  # what the follower read, ready
+    rank = {
+        "pid": 4242,
+        "command": "sglang::scheduler_TP0",
+        "state": "S",
+        "name": "sglang::schedul",
+    }
+    group = dict(dir="/d", exists=True, launch_id=str(launch.pk), pid=1, pgid=1, exit_status=None)
+    group |= dict(log="/d/log", log_size=0, alive=True)
+    follower.ranks_seen = {}
+    follower._check_ranks(seen, GroupStatus(**group, members=[rank]))
+    Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.LOST, reason="pb lost")
+    follower._check_ranks(seen, GroupStatus(**group, members=[]))
+    launch.refresh_from_db()
+    assert (launch.status, launch.reason) == (LaunchStatus.LOST, "pb lost")
