@@ -1,6 +1,6 @@
 """The ``rankwise-profiles/1`` document (profiles exported from a panel, imported into one) as
 pydantic models: its shape, its limits, and, for a document that breaks them, one sentence
-that says where and what (README.md, "Profiles: export and import").
+that says where and what (docs/profiles.md, "Reusing profiles").
 
 ``read_document(doc)`` → ``ProfilesDocument``, or ``DocumentRefused`` naming the first problem
 in the document's order: ``"kimi@3: args must be a list of strings"``, ``"kimi@3: a stamp's

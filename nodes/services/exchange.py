@@ -1,5 +1,5 @@
 """Profiles in and out of the panel as one JSON document (format ``rankwise-profiles/1``), for
-Git and for moving between panels. README.md ("Profiles: export and import") documents it.
+Git and for moving between panels. docs/profiles.md ("Reusing profiles") documents it.
 
 Export: every non-ad-hoc profile (or the named ones) with all its revisions and their
 known-good stamps; secret values (``--api-key``, ``HF_TOKEN``…) are written as ``****`` unless
@@ -170,7 +170,15 @@ def _import(
                     "visibility": visibility,
                 },
             )
-            if not made and (profile.adhoc or (writable is not None and not writable(profile))):
+            if not made and writable is not None and not writable(profile):
+                # Another team's team-only profile: refused as any name taken is, without
+                # saying that it is here or how its revisions compare.
+                report.notes.append(
+                    f"{p.name}: not imported: that name cannot be used here; rename the profile "
+                    "in the document"
+                )
+                continue
+            if not made and profile.adhoc:
                 report.conflicts += [f"{profile.name}@{r.number}" for r in p.revisions]
                 continue
             for r in p.revisions:

@@ -127,13 +127,13 @@ def test_the_first_problem_in_document_order_is_the_one_named():
         read_document(doc)
 
 
-def test_readme_names_every_field_of_the_format():
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme[readme.index("format `rankwise-profiles/1`") :][:3000]
+def test_the_guide_names_every_field_of_the_format():
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "profiles.md").read_text()
+    section = guide[guide.index("format `rankwise-profiles/1`") :][:3000]
     named = set(re.findall(r'"(\w+)"', section))
     for model in (ProfilesDocument, ProfileEntry, RevisionEntry, StampEntry):
         missing = set(model.model_fields) - named
-        assert not missing, f"README's rankwise-profiles/1 block lacks {model.__name__} {missing}"
+        assert not missing, f"docs/profiles.md's format block lacks {model.__name__} {missing}"
 
 
 @pytest.mark.parametrize(
