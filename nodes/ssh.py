@@ -471,13 +471,30 @@ class _ChannelHTTPConnection(http.client.HTTPConnection):
     def __init__(self, transport: paramiko.Transport, port: int, timeout: float) -> None:
         super().__init__("127.0.0.1", port, timeout=timeout)
         self._transport = transport
+        self._channel: paramiko.Channel | None = None
 
     def connect(self) -> None:
         channel = self._transport.open_channel(
             "direct-tcpip", ("127.0.0.1", self.port), ("127.0.0.1", 0), timeout=self.timeout
         )
         channel.settimeout(self.timeout)
-        self.sock = channel
+        self.sock = self._channel = channel
+
+    def close(self) -> None:
+        # http.client hands a response that ends with the connection (HTTP/1.0, as SGLang's
+        # uvicorn may answer) its socket by closing the connection right after the headers:
+        # a socket outlives that (its file holds a reference), a paramiko channel does not,
+        # and a body still on its way is lost (IncompleteRead, seen on a busy node). The
+        # channel is closed by ``shut``, once the body is read.
+        self.sock = None
+        super().close()
+
+    def shut(self) -> None:
+        """Close the channel (after the response's body was read)."""
+        self.close()
+        channel, self._channel = self._channel, None
+        if channel is not None:
+            channel.close()
 
 
 #: The most of an answer's body read (bytes).
@@ -549,7 +566,7 @@ def http_request(
             "command_failed", f"{method} {path}: a header could not be written as HTTP"
         ) from None
     finally:
-        connection.close()
+        connection.shut()
 
 
 class Pool:

@@ -149,14 +149,16 @@ def dead_ranks(seen: dict[int, str], members: Iterable[dict[str, object]]) -> li
     unseen: list[str] = []
     for member in members:
         command, state = str(member.get("command", "")), str(member.get("state", ""))
+        name = str(member.get("name", ""))
         pid = int(str(member["pid"]))
         if command.startswith("sglang::scheduler"):
             now[pid] = (command.split()[0], state)
-        elif (
-            state in ("Z", "X")
-            and pid not in seen
-            and str(member.get("name", "")).startswith(RANK_COMM)
-        ):
+        elif pid in seen and name.startswith(RANK_COMM):
+            # The same rank, its command line not read: the agent reads only the ``stat`` name
+            # of a process in uninterruptible sleep (``D``, e.g. pinning host memory), since
+            # reading its cmdline can hang. Alive or dead by its state, as any other.
+            now[pid] = (seen[pid], state)
+        elif state in ("Z", "X") and pid not in seen and name.startswith(RANK_COMM):
             unseen.append(f"sglang::scheduler (PID {pid}, defunct)")
     dead = [
         f"{title} (PID {pid})"
@@ -301,6 +303,34 @@ def check_model(model_path: str, found: bool | None, detail: str) -> Check:
     if not found:
         return Check("model_path", False, f"{model_path}: {detail}")
     return Check("model_path", True, f"{model_path}/config.json present")
+
+
+#: SGLang flags under which code that is not SGLang's runs in the server (server_args.py):
+#: ``--trust-remote-code`` imports the model folder's own Python (transformers'
+#: ``trust_remote_code``: modeling/tokenizer files shipped with the checkpoint), and
+#: ``--enable-custom-logit-processor`` unpickles a processor each request may send (dill).
+CODE_FLAGS = {
+    "--trust-remote-code": "runs the Python files shipped in the model folder",
+    "--enable-custom-logit-processor": "runs code that any request may send with it",
+}
+
+
+def code_on_node(args: Sequence[str], user: str, node: str = "") -> str | None:
+    """What ``args`` let run in the server besides SGLang, and as whom: one sentence, or None
+    when neither ``CODE_FLAGS`` flag is given (a warning to read, not a refusal)."""
+    given = [f for f in CODE_FLAGS if any(a == f or a.startswith(f + "=") for a in args)]
+    if not given:
+        return None
+    where = f" on {node}" if node else ""
+    said = "; ".join(f"{f} {CODE_FLAGS[f]}" for f in given)
+    rights = " (root: every right on the node)" if user == "root" else ""
+    return f"{said}: it runs{where} as {user}{rights}"
+
+
+def check_code_on_node(args: Sequence[str], user: str) -> Check | None:
+    """A passing check that says what code besides SGLang runs, as whom (``code_on_node``)."""
+    said = code_on_node(args, user)
+    return None if said is None else Check("code_on_node", True, f"warning: {said}")
 
 
 def check_shm(shm_bytes: int | None, ranks: int) -> Check:

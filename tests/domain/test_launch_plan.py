@@ -169,3 +169,17 @@ def test_a_rank_that_died_before_it_was_first_seen_is_dead_too():
     assert plan.dead_ranks({}, [alive, defunct]) == ["sglang::scheduler (PID 52, defunct)"]
     other = {"pid": 60, "command": "[python3]", "name": "python3", "state": "Z"}
     assert plan.dead_ranks({}, [alive, other]) == []
+
+
+def test_a_rank_in_uninterruptible_sleep_is_alive_though_its_command_line_is_not_read():
+    """Under load a rank pinning host memory sleeps in ``D`` for a moment; the agent then reads
+    only its ``stat`` name (reading /proc/PID/cmdline could hang on its memory map), so its
+    command is ``[sglang::schedul]``. Found as "scheduler_TP11 died during start-up" on a busy
+    machine: the same PID, alive, is the same rank."""
+    seen: dict[int, str] = {}
+    rank = {"pid": 11, "command": "sglang::scheduler_TP11", "name": "sglang::schedul", "state": "S"}
+    assert plan.dead_ranks(seen, [rank]) == []
+    asleep = {**rank, "command": "[sglang::schedul]", "state": "D"}
+    assert plan.dead_ranks(seen, [asleep]) == []
+    assert plan.dead_ranks(seen, [rank]) == []
+    assert plan.dead_ranks(seen, [{**asleep, "state": "Z"}]) == ["sglang::scheduler_TP11 (PID 11)"]
