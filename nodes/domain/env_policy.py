@@ -356,13 +356,33 @@ MAX_ARG_STRLEN = 32 * 4096
 MAX_ENV_BYTES = 2**20
 
 
+#: Variables at least this long are named with their size in a failed launch's bundle; shorter
+#: ones (a token, a password) are not, so a bundle does not tell a secret's length.
+SIZE_SHOWN_FROM = 4096
+
+
+def entry_bytes(name: str, value: str) -> int:
+    """What ``NAME=value`` takes of the kernel's argument space: its UTF-8 bytes and the NUL."""
+    return len(f"{name}={value}".encode(errors="surrogatepass")) + 1
+
+
+def env_sizes(env: Mapping[str, str]) -> dict[str, object]:
+    """``{"env_total_bytes": int, "env_sizes": {NAME: bytes}}`` of what ``env`` gives
+    ``execve``; only variables of at least ``SIZE_SHOWN_FROM`` bytes are named."""
+    sizes = {name: entry_bytes(name, str(value)) for name, value in env.items()}
+    return {
+        "env_total_bytes": sum(sizes.values()),
+        "env_sizes": {n: b for n, b in sorted(sizes.items()) if b >= SIZE_SHOWN_FROM},
+    }
+
+
 def size_refusals(env: Mapping[str, str]) -> list[str]:
     """Why ``env`` could not reach a program at all (too long for ``execve``), one message per
     variable and one for the whole; empty when it fits. Values are never quoted."""
     messages = []
     total = 0
     for name in sorted(env):
-        size = len(f"{name}={env[name]}".encode(errors="surrogatepass")) + 1
+        size = entry_bytes(name, env[name])
         total += size
         if size > MAX_ARG_STRLEN:
             messages.append(

@@ -77,6 +77,19 @@ def check_ssh_user(user: str) -> str | None:
     return None
 
 
+def check_run_as_user(user: str) -> str | None:
+    """The unprivileged account servers run as: a valid user name, and not ``root`` (uid 0),
+    which is what a blank choice already gives when the SSH user is root."""
+    if problem := check_ssh_user(user):
+        return problem
+    if user == "root":
+        return (
+            "root is not an unprivileged user: name an account without root's rights (servers "
+            "then cannot touch the rest of the node), or leave this blank to run as the SSH user."
+        )
+    return None
+
+
 def check_port(port: int) -> str | None:
     """TCP ports run from 1 to 65535."""
     if not 1 <= port <= 65535:

@@ -351,12 +351,45 @@ def _mask_named(text: str, pattern: re.Pattern[str], secret: Callable[[str, str]
     return "".join(out) + text[last:] if out else text
 
 
+# Secrets recognisable by their value, whatever they are called: each issuer's documented
+# prefix and shape. PEM private keys (RFC 7468 labels), GitHub tokens (ghp_/gho_/ghu_/ghs_/ghr_
+# and fine-grained github_pat_), JSON Web Tokens (RFC 7519: base64url header and payload, both
+# JSON objects, so both start "eyJ"), Slack webhook URLs and xox… tokens, Hugging Face tokens
+# (hf_), OpenAI/Anthropic keys (sk-…), AWS access key ids (AKIA…), Google API keys (AIza…).
+SHAPED = re.compile(
+    r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(?:.*?-----END [A-Z0-9 ]*PRIVATE KEY-----|.*)"
+    r"|\b(?:gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,})"
+    r"|\beyJ[A-Za-z0-9_-]{6,}\.eyJ[A-Za-z0-9_-]{6,}\.[A-Za-z0-9_-]{6,}"
+    r"|https://hooks\.slack\.com/(?:services|workflows|triggers)/[A-Za-z0-9/_-]+"
+    r"|\bxox[abposr]-[A-Za-z0-9-]{10,}"
+    r"|\bhf_[A-Za-z0-9]{30,}"
+    r"|\bsk-(?:proj-|ant-)?[A-Za-z0-9_-]{20,}"
+    r"|\bAKIA[0-9A-Z]{16}\b"
+    r"|\bAIza[0-9A-Za-z_-]{35}",
+    re.DOTALL,
+)
+#: Marks of ``SHAPED``: a line without any of them is not scanned (the follower masks every line).
+_SHAPED_MARKS = (
+    *("PRIVATE KEY", "gho_", "ghp_", "ghu_", "ghs_", "ghr_", "github_pat_", "eyJ"),
+    *("hooks.slack.com", "xox", "hf_", "sk-", "AKIA", "AIza"),
+)
+
+
+def mask_shaped(text: str) -> str:
+    """``text`` with every secret recognisable by its value (``SHAPED``) replaced by ``****``."""
+    if not any(mark in text for mark in _SHAPED_MARKS):
+        return text
+    return SHAPED.sub(MASK, text)
+
+
 def mask_assignments(text: str) -> str:
     """Secrets a text spells out, whether or not the panel knows their values (a bundle from
     another server, a log line echoing a command): ``HF_TOKEN=…``, ``api_key='…'``,
-    ``"password": "…"``, ``--api-key …``, ``Bearer …`` and URL passwords masked. Numbers and
+    ``"password": "…"``, ``--api-key …``, ``Bearer …``, URL passwords and values shaped like
+    secrets (``mask_shaped``: a PEM key, ``ghp_…``, a JWT, a Slack webhook) masked. Numbers and
     flags of ordinary settings (``--max-total-tokens 100000``, ``max_total_num_tokens=100000``,
     ``#token: 12``) are left as they are."""
+    text = mask_shaped(text)
     # Each pattern runs only where its mark is in the text: the follower masks every line.
     if "://" in text:
         text = _URL_PASSWORD.sub(lambda m: f"{m['head']}{MASK}@", text)

@@ -262,12 +262,29 @@ def split_command(command: str | list[str]) -> tuple[list[str], dict[str, str]]:
         for i in range(len(words) - len(launcher) + 1):
             if words[i : i + len(launcher)] == launcher:
                 if i:
-                    raise ValueError(
-                        f"{shlex.join(words[:i])[:80]!r} before the launcher would not be run; "
-                        "paste only VAR=value settings and the command"
-                    )
+                    raise ValueError(_before_the_launcher(words[:i]))
                 return words[i + len(launcher) :], env
     return words, env
+
+
+def _before_the_launcher(words: list[str]) -> str:
+    """Why words before the launcher are refused, in the words the operator pasted (the
+    interpreter that belongs to the launcher left out), and what each kind would have done."""
+    if words and PYTHON.fullmatch(words[-1].rsplit("/", 1)[-1]):
+        words = words[:-1]
+    shown = " ".join(words)
+    shown = shown if len(shown) <= 80 else shown[:79] + "…"
+    why = [f"“{shown}” before the launcher would not be run: paste only VAR=value settings and "
+           "the command"]  # fmt: skip
+    if "sudo" in words or "su" in words:
+        why.append(
+            "sudo is not needed: servers run as the node's user (node page → Run servers as)"
+        )
+    if any(w in ("cd", "pushd") or w.endswith(("&&", ";", "||", "|")) for w in words):
+        why.append(
+            "a shell's cd or && is not needed: the server runs in its own folder on the node"
+        )
+    return "; ".join(why)
 
 
 PYTHON = re.compile(r"python[0-9.]*")

@@ -115,12 +115,21 @@ def format_bytes(size: int, unit: str = "GiB", places: int = 1) -> str:
     return f"{text} {unit}"
 
 
-def best_entry_unit(size: int) -> tuple[Decimal, str]:
-    """Express ``size`` bytes exactly: in whole GiB when it divides evenly, else in GB.
-
-    A decimal GB figure is always exact (10^9 divides into a finite decimal), so pre-filling a size
-    field with this and saving the form unchanged keeps the same bytes.
-    """
+def shown_entry(size: int) -> tuple[Decimal, str]:
+    """``size`` bytes as a size box shows it: whole GiB when it divides evenly, else GB to two
+    decimals (MemTotal's 448,999,999,488 bytes read ``449`` GB, not ``448.999999488``). Not
+    exact: a form that shows it keeps the exact bytes when it comes back unchanged
+    (``kept_if_unchanged``)."""
     if size % GiB == 0:
         return Decimal(size // GiB), "GiB"
-    return (Decimal(size) / GB).normalize(), "GB"
+    shown = (Decimal(size) / GB).quantize(Decimal("0.01"))
+    return (shown.normalize() if shown == shown.to_integral() else shown), "GB"
+
+
+def kept_if_unchanged(typed: int | None, initial: int | None) -> int | None:
+    """``typed`` bytes, or ``initial`` when what was typed is what ``shown_entry(initial)``
+    showed: an unchanged form keeps the exact bytes it was filled from."""
+    if typed is None or initial is None:
+        return typed
+    number, unit = shown_entry(initial)
+    return initial if typed == to_bytes(number, unit) else typed

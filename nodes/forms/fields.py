@@ -9,7 +9,7 @@ from typing import Any
 
 from django import forms
 
-from nodes.domain.units import ENTRY_UNITS, UnitError, best_entry_unit, to_bytes
+from nodes.domain.units import ENTRY_UNITS, UnitError, shown_entry, to_bytes
 
 _ASCII_INT = re.compile(r"[0-9]{1,15}")
 _ASCII_DECIMAL = re.compile(r"[0-9]{1,15}(?:\.[0-9]{1,9})?")
@@ -52,7 +52,7 @@ class SizeWidget(forms.MultiWidget):
     def decompress(self, value: int | None) -> list[Any]:
         if value is None:
             return [None, ENTRY_UNITS[0]]
-        number, unit = best_entry_unit(value)
+        number, unit = shown_entry(value)  # rounded: the form keeps the exact bytes if unchanged
         return [number, unit]
 
 

@@ -9,6 +9,7 @@ from django.db import transaction
 
 from nodes.domain import inventory as rules
 from nodes.domain.env_policy import parse_allowances
+from nodes.domain.units import kept_if_unchanged
 from nodes.forms.fields import SecretTextarea, SizeField, StrictIntegerField
 from nodes.models import Gpu, Node, SshCredential
 
@@ -135,7 +136,7 @@ class NodeForm(forms.ModelForm[Node]):
 
     def clean_run_as_user(self) -> str:
         user: str = (self.cleaned_data.get("run_as_user") or "").strip()
-        if user and (message := rules.check_ssh_user(user)):
+        if user and (message := rules.check_run_as_user(user)):
             raise forms.ValidationError(message)
         return user
 
@@ -158,13 +159,14 @@ class NodeForm(forms.ModelForm[Node]):
         return name
 
     def clean_gpu_memory(self) -> int | None:
-        size: int | None = self.cleaned_data["gpu_memory"]
+        # The box shows a rounded figure: sent back unchanged, the exact bytes are kept.
+        size = kept_if_unchanged(self.cleaned_data["gpu_memory"], self.initial.get("gpu_memory"))
         if size is not None and (message := rules.check_gpu_memory(size)):
             raise forms.ValidationError(message)
         return size
 
     def clean_host_ram(self) -> int | None:
-        size: int | None = self.cleaned_data["host_ram"]
+        size = kept_if_unchanged(self.cleaned_data["host_ram"], self.initial.get("host_ram"))
         if size is not None and (message := rules.check_host_ram(size)):
             raise forms.ValidationError(message)
         return size

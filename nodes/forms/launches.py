@@ -77,6 +77,15 @@ class LaunchForm(forms.Form):
 
     def __init__(self, *args: Any, user: Any = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        as_root = [n.name for n in Node.objects.order_by("name") if n.server_user == "root"]
+        if as_root:
+            # Said before anything runs: a model's own code (--trust-remote-code) or a
+            # request's would have every right on these nodes.
+            self.fields["node"].help_text = (
+                f"Servers run as root on {', '.join(as_root[:10])}"
+                f"{' and others' if len(as_root) > 10 else ''}: no unprivileged user is named "
+                "for them (an admin sets it: node page → Edit → Run servers as)."
+            )
         if user is not None:
             # A team-only profile is offered to its team only.
             field = cast(forms.ModelChoiceField, self.fields["revision"])  # type: ignore[type-arg]

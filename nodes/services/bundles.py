@@ -23,6 +23,7 @@ from nodes.domain.bundle import (
     timeline_snapshots,
 )
 from nodes.domain.diagnosis import Diagnosis, diagnose
+from nodes.domain.env_policy import env_sizes
 from nodes.domain.log_lines import with_node
 from nodes.domain.redact import masked_lines, redact_args, redact_env, secret_values
 from nodes.domain.sglang_flags import VERSION_TEXT, parse_command, split_command
@@ -148,6 +149,8 @@ def facts_of(launch: Launch) -> dict[str, object]:
             "memory_timeline": launch.memory_timeline,
             # Their host pools and this launch's share the node's RAM (the diagnosis names them).
             "other_launches_on_node": (launch.snapshot or {}).get("neighbours"),
+            # What execve was given, measured before secrets are masked (exec_failure reads it).
+            **env_sizes({**(launch.revision.env or {}), "CUDA_VISIBLE_DEVICES": launch.gpu_list()}),
         },
     )
     if _several_nodes(launch):

@@ -56,7 +56,7 @@ def apply_option(
         list(launch.revision.args), change, table(node.sglang_version or DEFAULT_VERSION)
     )
     model = model_of(node, args, wait=0)
-    memory = node_memory_for(node, launch.revision.profile.name)
+    memory = node_memory_for(node, launch.revision.profile.name, viewer=None)
     report = evaluate(args, node, model, env=dict(launch.revision.env or {}), memory=memory)
     if report.verdict == "block":
         raise CapacityRefused("the budget blocks it on this node now")
@@ -90,7 +90,9 @@ def capacity_of(launch: Launch) -> dict[str, Any]:
         flags = parse_command(
             list(launch.revision.args), table(node.sglang_version or DEFAULT_VERSION)
         )
-        mfs = mem_fraction_of(flags, node_memory_for(node, launch.revision.profile.name))
+        mfs = mem_fraction_of(
+            flags, node_memory_for(node, launch.revision.profile.name, viewer=None)
+        )
     offered = capacity.options(
         found,
         server,
@@ -137,7 +139,7 @@ def _rechecker(launch: Launch) -> Any:
         node,
         model_of(node, args, wait=0),
         env=dict(launch.revision.env or {}),
-        memory=node_memory_for(node, launch.revision.profile.name),
+        memory=node_memory_for(node, launch.revision.profile.name, viewer=None),
     )
 
 

@@ -14,6 +14,7 @@ from nodes.models import (
     Launch,
     Node,
 )
+from nodes.models.choices import LAUNCH_ACTIVE
 from nodes.remote import client as agent
 from nodes.services import readings
 from nodes.services.credentials import target_for
@@ -102,3 +103,23 @@ def reading_from_json(doc: Any, node: Node, launch: Launch | None = None) -> Ins
     for gpu in found.gpus:
         gpu.holders = [by_pid.get(h.pid, h) for h in gpu.holders]
     return found
+
+
+def stuck_gpus(inspection: Inspection) -> list[int]:
+    """The GPUs a node's cleanup offers ticked: memory held with no process (``orphaned``), or
+    processes of a Rankwise launch that has ended. A free GPU, one a running launch holds, one
+    only another user's process holds, and a quarantined one are left for the operator to
+    tick (a cleanup kills and resets what it is given)."""
+    named = {h.launch_id for g in inspection.gpus for h in g.holders if h.launch_id}
+    running = set(
+        Launch.objects.filter(pk__in=named, status__in=LAUNCH_ACTIVE).values_list("pk", flat=True)
+    )
+    return [
+        g.index
+        for g in inspection.gpus
+        if g.state != "quarantined"
+        and (
+            g.orphaned_bytes > 0
+            or any(h.launch_id and h.launch_id not in running for h in g.holders)
+        )
+    ]

@@ -6,6 +6,7 @@ as last read on each node, unless the caller lets it be read: ``wait``)."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -94,11 +95,62 @@ def place(revision: ProfileRevision, actor: Actor, *, wait: float | None = 0) ->
             refused.append(found)
         else:
             candidates += found
+    count = _nnodes(args, nodes)
+    if count > 1:
+        candidates, refused = _groups(candidates, refused, count)
     candidates.sort(key=lambda c: (c.verdict != "ok", c.others, -c.headroom_bytes, c.node, c.gpus))
     name = f"{revision.profile.name}@{revision.number}"
     shown = [replace(c, reasons=teams.mask_launch_ids(actor, c.reasons)) for c in candidates]
     said = [Refused(r.node, teams.mask_launch_ids(actor, r.reasons)) for r in refused]
     return Placement(name, shown, said)
+
+
+#: Node groups tried for a multi-node revision, at most (the first by name; a fleet of a few
+#: dozen nodes gives far fewer pairs that fit).
+MAX_GROUPS = 200
+
+
+def _nnodes(args: list[str], nodes: list[Node]) -> int:
+    """The revision's ``--nnodes`` (1 when it cannot be read)."""
+    version = next((n.sglang_version for n in nodes if n.sglang_version), None) or DEFAULT_VERSION
+    try:
+        return max(1, int(parse_command(args, table(version)).get("nnodes", default=1)))
+    except (TypeError, ValueError):
+        return 1
+
+
+def _groups(
+    candidates: list[Candidate], refused: list[Refused], count: int
+) -> tuple[list[Candidate], list[Refused]]:
+    """A ``--nnodes count`` revision runs on ``count`` nodes at once, on the same GPU indexes
+    on each (the launch takes them so): the groups of nodes with a GPU set free on all of
+    them, named ``"a,b"`` (node 0 first, as the launch form and ``manage.py launch --node``
+    take them). A node that fits alone is no place for it."""
+    by_node: dict[str, dict[tuple[int, ...], Candidate]] = {}
+    for c in candidates:
+        by_node.setdefault(c.node, {})[tuple(c.gpus)] = c
+    groups: list[Candidate] = []
+    for names in itertools.islice(itertools.combinations(sorted(by_node), count), MAX_GROUPS):
+        shared = set.intersection(*(set(by_node[n]) for n in names))
+        for gpus in sorted(shared):
+            parts = [by_node[n][gpus] for n in names]
+            groups.append(
+                Candidate(
+                    ",".join(names),
+                    list(gpus),
+                    "warn" if any(p.verdict != "ok" for p in parts) else "ok",
+                    min(p.headroom_bytes for p in parts),
+                    [f"{p.node}: {why}" for p in parts for why in p.reasons],
+                    sum(p.others for p in parts),
+                )
+            )
+    if groups:
+        return groups, refused
+    fits = sorted(by_node)
+    why = f"--nnodes {count} needs {count} nodes with the same GPUs free; " + (
+        f"only {', '.join(fits)} fit{'s' if len(fits) == 1 else ''}" if fits else "none fits"
+    )
+    return [], [*refused, *(Refused(n, [why]) for n in fits)]
 
 
 def on_node(

@@ -84,16 +84,21 @@ def node_memory(node: Node, only: list[int] | None = None) -> NodeMemory:
     )
 
 
-def node_memory_for(node: Node, profile_name: str | None) -> NodeMemory:
+def node_memory_for(node: Node, profile_name: str | None, *, viewer: Actor | None) -> NodeMemory:
     """The node as a launch of the profile named ``profile_name`` would find it, which is what
     a revision of it is checked against: the memory its own launches there hold (their GPU
     processes, the host pools they pinned) counts as free, as once they are stopped to make way
-    for it; what anything else holds stays used. ``node_memory`` for a new profile. Whether it
+    for it; what anything else holds stays used. ``node_memory`` for a new profile, and for a
+    profile ``viewer`` may not see (another team's team-only one: naming it must not tell that
+    it exists or what it holds); ``viewer`` None is the panel itself (a worker). Whether it
     could start now beside what runs is ``placement.on_node``'s question."""
     memory = node_memory(node)
+    profiles = LaunchProfile.objects.all() if viewer is None else visible_profiles(viewer)
     own = set(
         Commitment.objects.filter(
-            node=node, released__isnull=True, launch__revision__profile__name=profile_name or ""
+            node=node,
+            released__isnull=True,
+            launch__revision__profile__in=profiles.filter(name=profile_name or ""),
         ).values_list("launch_id", flat=True)
     )
     if not profile_name or not own:
@@ -305,7 +310,7 @@ def submit_revision(
     flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
     path = str(flags.get("model_path", default="") or "")
     model = model_facts(node, path, pasted_config, wait=model_wait)
-    memory = node_memory_for(node, profile_name)
+    memory = node_memory_for(node, profile_name, viewer=actor)
     report = evaluate(list(args), node, model, env=env, memory=memory)
     if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
         why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
@@ -356,7 +361,7 @@ def promote(
     args, env = list(revision.args), dict(revision.env or {})
     model = model_of(node, args, wait=wait)
     # As the ad-hoc command's own launch would find the node: its running server is its own.
-    memory = node_memory_for(node, revision.profile.name)
+    memory = node_memory_for(node, revision.profile.name, viewer=actor)
     report = evaluate(args, node, model, env=env, memory=memory)
     if report.verdict == "block":
         blocks = "; ".join(m.text.rstrip(".") for m in report.messages if m.level == "block")

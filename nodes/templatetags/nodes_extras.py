@@ -10,7 +10,7 @@ from django import template
 from django.urls import reverse
 
 from nodes.domain import audit_changes as audit_words
-from nodes.domain import figure_labels, remedy
+from nodes.domain import figure_labels, launch_plan, remedy
 from nodes.domain.launch_plan import IDLE_GPU_BYTES
 from nodes.domain.ownership import HostShare
 from nodes.domain.units import UNITS, format_bytes
@@ -119,6 +119,22 @@ def _stacked(parts: list[tuple[str, int, str]], total: int, unit: str) -> dict[s
 def figure_label(key: str) -> str:
     """A diagnosis figure's key in words, with its unit (``figure_labels.label``)."""
     return figure_labels.label(str(key))
+
+
+@register.filter
+def code_warning(revision: Any) -> str:
+    """What a revision lets run in the server besides SGLang, as whom on its node
+    (``launch_plan.code_on_node``); "" when nothing."""
+    node = getattr(revision, "node", None)
+    user = node.server_user if node is not None else "the node's server user"
+    said = launch_plan.code_on_node(list(revision.args or []), user, node.name if node else "")
+    return said or ""
+
+
+@register.filter
+def figure_value(figure: Any, key: str) -> str:
+    """A figure as an operator reads it (``figure_labels.value``): ``{{ v|figure_value:k }}``."""
+    return figure_labels.value(str(key), figure)
 
 
 @register.filter

@@ -104,7 +104,7 @@ def node_cleanup(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         request.POST or None,
         gpu_indexes=[g.index for g in inspection.gpus],
         others=_others(inspection, launch),
-        initial={"gpus": launch.gpus if launch else [g.index for g in inspection.gpus]},
+        initial={"gpus": launch.gpus if launch else holders.stuck_gpus(inspection)},
     )
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data

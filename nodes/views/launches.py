@@ -38,6 +38,7 @@ from nodes.services import (
     bundles,
     capacity,
     fixes,
+    launch_flags,
     log_view,
     placement,
     profiles,
@@ -122,9 +123,15 @@ def launch_create(request: HtmxHttpRequest) -> HttpResponseBase:
                 return after_post(request, reverse("nodes:launch-detail", args=[launch.pk]))
     else:
         initial: dict[str, Any] = {}
-        for key in ("revision", "adhoc_revision", "node", "gpus", "port", "command"):
+        for key in ("node", "gpus", "port", "command"):
             if request.GET.get(key):
                 initial[key] = request.GET[key]
+        # ``?profile=NAME&revision=N`` names @N as the operator reads it, not a database id.
+        named = _revision_named(
+            request.GET.get("profile"), request.GET.get("revision"), request.user
+        )
+        if named is not None:
+            initial["adhoc_revision" if named.profile.adhoc else "revision"] = named.pk
         asked = _node_named_by(initial)
         placed = _placed(initial, request.user)
         form = LaunchForm(initial=initial, user=request.user)
@@ -149,12 +156,20 @@ def _placed(initial: dict[str, Any], user: Any) -> placement.Placement | None:
         return None
     found = placement.place(revision, user)
     chosen = _node_named_by(initial)
-    here = [c for c in found.candidates if chosen is not None and c.node == chosen.name]
+    # A multi-node candidate is "a,b": node 0 first, the others after it.
+    here = [c for c in found.candidates if chosen is not None and _first(c.node) == chosen.name]
     best = here[0] if here else (found.candidates[0] if found.candidates else None)
     if best is not None:
-        initial["node"] = Node.objects.get(name=best.node).pk
+        first, *others = best.node.split(",")
+        initial["node"] = Node.objects.get(name=first).pk
+        if others:
+            initial.setdefault("other_nodes", ",".join(others))
         initial.setdefault("gpus", ",".join(str(i) for i in best.gpus))
     return found
+
+
+def _first(names: str) -> str:
+    return names.split(",", 1)[0]
 
 
 def _node_named_by(initial: dict[str, Any]) -> Node | None:
@@ -165,10 +180,31 @@ def _node_named_by(initial: dict[str, Any]) -> Node | None:
 def _chosen_node(asked: Node | None, placed: placement.Placement | None) -> dict[str, Any]:
     """The node a link chose (``?node=``) where the revision does not fit now: ``{"name",
     "reasons"}`` (why not); ``{}`` where it fits or no link chose one."""
-    if placed is None or asked is None or any(c.node == asked.name for c in placed.candidates):
+    if (
+        placed is None
+        or asked is None
+        or any(_first(c.node) == asked.name for c in placed.candidates)
+    ):
         return {}
     reasons = next((r.reasons for r in placed.refused if r.node == asked.name), [])
     return {"name": asked.name, "reasons": reasons}
+
+
+def launch_query(revision: ProfileRevision, **more: Any) -> str:
+    """The launch form's query that opens with ``revision``: ``profile=NAME&revision=N`` (what
+    an operator reads as NAME@N), then ``more`` (``node``, ``gpus``, ``port``)."""
+    return urlencode({"profile": revision.profile.name, "revision": revision.number, **more})
+
+
+def _revision_named(profile: str | None, number: str | None, user: Any) -> ProfileRevision | None:
+    """Revision ``number`` of the profile named ``profile``, if ``user`` may see it."""
+    if not profile or not number or not number.isdigit() or len(number) > 9:
+        return None
+    return (
+        ProfileRevision.objects.select_related("profile")
+        .filter(profile__in=visible_profiles(user), profile__name=profile, number=int(number))
+        .first()
+    )
 
 
 def _visible_revision(pk: Any, user: Any) -> ProfileRevision | None:
@@ -188,7 +224,7 @@ def _preset(form: LaunchForm, user: Any) -> dict[str, str] | None:
         return None
     masked = redact_args(list(revision.args))
     return {
-        "name": "ad-hoc command" if revision.profile.adhoc else str(revision),
+        "name": str(revision),
         "command": shlex.join(["python3", "-m", "sglang.launch_server", *masked]),
         "message": revision.message,
     }
@@ -230,7 +266,14 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "progress": progress,
         "percent": round(progress.fraction() * 100),
         "phase_label": phase_label(progress.phase),
-        "phases": _phases(progress),
+        "phases": _phases(
+            progress,
+            bool(
+                launch_flags.flags_for(launch.revision, launch.node).get(
+                    "enable_hierarchical_cache", default=False
+                )
+            ),
+        ),
         "failed_checks": [c for c in launch.checks or [] if not c.get("passed")],
         # A multi-node launch: each node's part, its status and phase (node 0 first).
         "group_nodes": group,
@@ -243,8 +286,9 @@ def _state_context(launch: Launch) -> dict[str, Any]:
         "settled": launch.status in LAUNCH_ENDED
         and (launch.status != LaunchStatus.FAILED or (launch.diagnosis and launch.log_complete))
         and all(n["status"] in LAUNCH_ENDED for n in group),
-        # A part is stopped with its launch, from node 0's page.
-        "stoppable": launch.status not in LAUNCH_ENDED and launch.group_id is None,
+        # A part's Stop stops the whole launch (ending.stop goes to node 0's): offered while
+        # the launch as a whole runs.
+        "stoppable": (launch.group or launch).status not in LAUNCH_ENDED,
         # GPUs an ended launch still holds: their memory did not come back when it ended.
         "held_gpus": list(launch.reservations.filter(kind="gpu").values_list("number", flat=True))
         if launch.status in LAUNCH_ENDED
@@ -312,12 +356,14 @@ def _chart_events(launch: Launch, diagnosis: dict[str, Any] | None) -> list[time
     return events
 
 
-def _phases(progress: Progress) -> list[dict[str, Any]]:
-    """The phase bar: each start-up phase, done, current or to come."""
+def _phases(progress: Progress, hicache: bool) -> list[dict[str, Any]]:
+    """The phase bar: each start-up phase, done, current or to come; the host pool's only
+    with hierarchical cache (without it SGLang allocates none, so it is never "done")."""
     reached = [key for key, _ in PHASES].index(progress.phase) if progress.phase else -1
     return [
         {"key": key, "label": label, "done": i < reached, "current": i == reached}
         for i, (key, label) in enumerate(PHASES)
+        if hicache or key != "host_pool"
     ]
 
 
@@ -505,14 +551,7 @@ def launch_apply_fix(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         )
     else:
         messages.info(request, f"The fix is already saved as {revision} ({revision.message}).")
-    query = urlencode(
-        {
-            ("adhoc_revision" if launch.adhoc else "revision"): revision.pk,
-            "node": launch.node_id,
-            "gpus": launch.gpu_list(),
-            "port": launch.port,
-        }
-    )
+    query = launch_query(revision, node=launch.node_id, gpus=launch.gpu_list(), port=launch.port)
     return after_post(request, f"{reverse('nodes:launch-create')}?{query}")
 
 
@@ -632,6 +671,5 @@ def launch_capacity_apply(request: HtmxHttpRequest, pk: int) -> HttpResponseBase
     if port != launch.port:
         said += f" Port {launch.port} is still held, so the relaunch takes port {port}."
     messages.success(request, said)
-    key = "adhoc_revision" if launch.adhoc else "revision"
-    query = urlencode({key: revision.pk, "node": launch.node_id, "port": port})
+    query = launch_query(revision, node=launch.node_id, port=port)
     return after_post(request, f"{reverse('nodes:launch-create')}?{query}")

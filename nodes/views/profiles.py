@@ -193,7 +193,7 @@ def _checked(
     )
     env = form.cleaned_data["env"]
     # As for this profile's own launch: its running servers' memory is not someone else's.
-    memory = node_memory_for(node, profile_name or data.get("name") or None)
+    memory = node_memory_for(node, profile_name or data.get("name") or None, viewer=user)
     report = evaluate(form.args(), node, model, env=env, memory=memory)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
     command = shlex.join(
@@ -254,7 +254,7 @@ def _with_suggestion(
     model = model_facts(
         node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
     )
-    memory = node_memory_for(node, form.cleaned_data.get("name") or None)
+    memory = node_memory_for(node, form.cleaned_data.get("name") or None, viewer=request.user)
     report = evaluate(form.args(), node, model, env=form.cleaned_data["env"], memory=memory)
     if not report.suggestion:
         messages.info(request, "The budget suggests no change for these flags now.")
@@ -305,7 +305,7 @@ def _with_plan(request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any]
     model = model_facts(
         node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
     )
-    memory = node_memory_for(node, form.cleaned_data.get("name") or None)
+    memory = node_memory_for(node, form.cleaned_data.get("name") or None, viewer=request.user)
     offered = plans.plan_for(node, form.args(), form.cleaned_data["env"], model, memory, workload)
     if change not in [p.change for p in offered]:
         messages.error(request, "The planner does not offer that setting now; plan again.")
@@ -423,7 +423,7 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
         messages.error(request, f"{old} names no node to check it on; edit it instead.")
         return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     model = model_of(node, list(old.args), wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS)
-    memory = node_memory_for(node, profile.name)
+    memory = node_memory_for(node, profile.name, viewer=request.user)
     report = evaluate(list(old.args), node, model, env=dict(old.env or {}), memory=memory)
     try:
         revision = save_revision(
@@ -560,9 +560,14 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
         messages.info(request, "Nothing pasted to load: the fields are as they were.")
     elif request.POST.get("action") == "load":
         loaded, error = data_from_command(request.POST.get("pasted_command", ""), data.dict())
-        form = ProfileForm(loaded)
         if error:
+            # Only the paste is in question: the fields stay as they were, not yet checked
+            # (an empty name is not "required" before a save).
+            form = ProfileForm(initial=loaded)
+            form.cleaned_data = {}  # an unbound form keeps an error only with this set
             form.add_error("pasted_command", error)
+        else:
+            form = ProfileForm(loaded)
     elif request.POST.get("action") == "apply":
         form = _with_suggestion(request, ProfileForm(data), data.dict())
     elif request.POST.get("plan_change"):

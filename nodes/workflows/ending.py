@@ -81,23 +81,42 @@ def stop(
         launch = Launch.objects.select_related("node", "revision__profile").get(pk=launch.group_id)
     token = token or pysecrets.token_hex(8)
     parts = group_members(launch, exclude=launch)
+    # A stop re-queued without its asker (the reconciler, after the worker stopping it died)
+    # goes on in the name of whoever asked for it.
+    asker = "" if actor.is_authenticated else _asked_by([launch, *parts])
+    if parts and launch.status not in LAUNCH_ENDED:
+        # The launch reads ``stopping`` (audited once, as the asker's) from the start, and
+        # until every node's stop is done: a node lost meanwhile no longer makes it ``lost``.
+        _mark_stopping(launch, actor, request, token, asker=asker)
+        launch.refresh_from_db()
     for part in parts:
         # Every node's part is stopping before any rank is signalled: a rank that dies of its
-        # peers' end then fails nothing.
-        _mark_stopping(part, actor, None, token)
+        # peers' end then fails nothing. The asker's audit entry is the launch's (node 0's).
+        _mark_stopping(part, actor, None, token, asker=asker, audit=False)
     # A multi-node launch: every other node's ranks first (each its own part, its own lease),
     # node 0's last, so the launch reads stopped once every node is.
-    done = [
-        _stop_one(
-            Launch.objects.select_related("node", "revision__profile").get(pk=part.pk),
-            actor,
-            None,
-            token,
-            retries,
-        )
-        for part in parts
-    ]
-    outcome = _stop_one(launch, actor, request, token, retries)
+    # Node 0's lease is kept fresh meanwhile (a node that does not answer can take a minute):
+    # the reconciler must not take for dead a stop that is waiting on another node.
+    with _stop_lease(launch.pk, token):
+        done = [
+            _stop_one(
+                Launch.objects.select_related("node", "revision__profile").get(pk=part.pk),
+                actor,
+                None,
+                token,
+                retries,
+            )
+            for part in parts
+        ]
+    failed = [o for o in done if o.error and not o.pending]
+    if failed:
+        # A node's ranks may still run: the launch as a whole was not stopped, and says so.
+        outcome = _group_stop_failed(launch, failed)
+    else:
+        # Node 0's ranks are stopped now (they would wait on the others' for ever), but the
+        # launch stays ``stopping`` while another node's stop is still to be retried.
+        waiting = [o for o in done if o.pending]
+        outcome = _stop_one(launch, actor, request, token, retries, waiting, asker)
     for other in done:
         outcome.remaining += [{**p, "node": other.launch.node.name} for p in other.remaining]
         if other.error:
@@ -110,21 +129,65 @@ def stop(
 
 
 def _stop_one(
-    launch: Launch, actor: Actor, request: HttpRequest | None, token: str, retries: bool
+    launch: Launch,
+    actor: Actor,
+    request: HttpRequest | None,
+    token: str,
+    retries: bool,
+    waiting: list[StopOutcome] | None = None,
+    asker: str = "",
 ) -> StopOutcome:
-    """``stop`` of one launch (one node's part of a multi-node launch)."""
+    """``stop`` of one launch (one node's part of a multi-node launch); ``waiting``: the
+    other nodes' stops still pending, which node 0's launch waits on; ``asker``: who asked,
+    when ``actor`` is the panel going on with their stop."""
     if launch.status in LAUNCH_ENDED:
         # Nothing to stop; what it still holds is what cleanup must free.
         return StopOutcome(launch, held_gpus=still_reserved(launch))
-    if not _mark_stopping(launch, actor, request, token) and not _take_over_stop(launch.pk, token):
+    marked = _mark_stopping(launch, actor, request, token, asker=asker)
+    if not marked and not _take_over_stop(launch.pk, token):
         return _await_other_stop(launch, token, retries)
     launch.refresh_from_db()
-    return _attempt_stop(launch, token, retries)
+    return _attempt_stop(launch, token, retries, waiting or [])
 
 
-def _mark_stopping(launch: Launch, actor: Actor, request: HttpRequest | None, token: str) -> bool:
-    """``stopping`` under stop ``token`` (audited); False when it was not running."""
-    who = actor.get_username() if actor.is_authenticated else "cli"
+def _group_stop_failed(launch: Launch, failed: list[StopOutcome]) -> StopOutcome:
+    """Another node's stop failed for good: node 0's launch is left running as it was (its
+    stop is not done either), and its reason names the node whose stop failed."""
+    names = ", ".join(o.launch.node.name for o in failed)
+    why = f"stop failed on {names}: {failed[0].error}"
+    if launch.status == LaunchStatus.STOPPING:  # a stop of it had begun (a retry's)
+        launch_state.transition(
+            launch.pk,
+            launch.resume_status or LaunchStatus.READY,
+            frm=[LaunchStatus.STOPPING],
+            actor_name=launch.stop_by or "panel",
+            reason=why,
+            stop_token="",
+            stop_beat=None,
+        )
+    else:
+        Launch.objects.filter(pk=launch.pk).exclude(status__in=LAUNCH_ENDED).update(reason=why)
+    launch.refresh_from_db()
+    return StopOutcome(launch, error=why)
+
+
+def _asked_by(members: list[Launch]) -> str:
+    """Who asked for the stop a member of the launch is already in (``stop_by``), if any."""
+    return next((m.stop_by for m in members if m.status == LaunchStatus.STOPPING and m.stop_by), "")
+
+
+def _mark_stopping(
+    launch: Launch,
+    actor: Actor,
+    request: HttpRequest | None,
+    token: str,
+    *,
+    asker: str = "",
+    audit: bool = True,
+) -> bool:
+    """``stopping`` under stop ``token`` (audited when ``audit``, in ``asker``'s name when
+    given); False when it was not running."""
+    who = asker or (actor.get_username() if actor.is_authenticated else "cli")
     stoppable = [s for s in LAUNCH_ACTIVE if s != LaunchStatus.STOPPING]
     left = launch_state.transition(
         launch.pk,
@@ -142,7 +205,10 @@ def _mark_stopping(launch: Launch, actor: Actor, request: HttpRequest | None, to
         return False
     if left != launch.status:  # it moved on since it was read: resume what it really was
         Launch.objects.filter(pk=launch.pk, stop_token=token).update(resume_status=left)
-    record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
+    if audit and asker:
+        record("launch.stop", actor=None, actor_name=asker, obj=launch, before=launch.summary())
+    elif audit:
+        record("launch.stop", actor=actor, obj=launch, before=launch.summary(), request=request)
     return True
 
 
@@ -157,7 +223,9 @@ def _take_over_stop(launch_id: int, token: str) -> bool:
     )
 
 
-def _attempt_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
+def _attempt_stop(
+    launch: Launch, token: str, retries: bool, waiting: list[StopOutcome] | None = None
+) -> StopOutcome:
     attempt = launch.stop_attempts + 1
     Launch.objects.filter(pk=launch.pk).update(stop_attempts=attempt)
     with _stop_lease(launch.pk, token):
@@ -167,6 +235,8 @@ def _attempt_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
             return _stop_not_done(launch, exc, attempt, retries)
         remaining = result.remaining
         held, notes = finish(launch, remaining)
+    if waiting:
+        return _waiting_on_others(launch, waiting, remaining, held)
     launch_state.transition(
         launch.pk,
         LaunchStatus.STOPPED,
@@ -179,6 +249,28 @@ def _attempt_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
     )
     launch.refresh_from_db()
     return StopOutcome(launch, remaining=remaining, held_gpus=held)
+
+
+def _waiting_on_others(
+    launch: Launch,
+    waiting: list[StopOutcome],
+    remaining: list[dict[str, Any]],
+    held: dict[int, int],
+) -> StopOutcome:
+    """Node 0's ranks are stopped and another node's stop is to be retried: the launch stays
+    ``stopping``, naming the node it waits on, until that stop is done (the retry comes back
+    here with the same stop token and ends it)."""
+    names = ", ".join(o.launch.node.name for o in waiting)
+    retry_in = min((o.retry_in for o in waiting if o.retry_in is not None), default=None)
+    reason = f"stopping: waiting on {names} ({waiting[0].error}); {launch.node.name} stopped"
+    due = timezone.now() + timedelta(seconds=retry_in or 0)
+    Launch.objects.filter(pk=launch.pk, stop_token=launch.stop_token).update(
+        reason=reason, stop_beat=due
+    )
+    launch.refresh_from_db()
+    return StopOutcome(
+        launch, remaining=remaining, held_gpus=held, error=reason, pending=True, retry_in=retry_in
+    )
 
 
 def _stop_not_done(
@@ -286,6 +378,6 @@ def _await_other_stop(launch: Launch, token: str, retries: bool) -> StopOutcome:
             launch.refresh_from_db()
             return _attempt_stop(launch, token, retries)
         if launch.reason.startswith("stop pending"):  # its own task tries again
-            return StopOutcome(launch, error=launch.reason)
+            return StopOutcome(launch, error=launch.reason, pending=True)
         time.sleep(0.5)
     return StopOutcome(launch, error="another stop of this launch has not finished")

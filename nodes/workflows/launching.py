@@ -137,6 +137,17 @@ def _model(node: Node, args: list[str], wait: float | None) -> ModelFacts:
     return model_facts(node, str(flags.get("model_path", default="") or ""), wait=wait)
 
 
+def adhoc_name(args: list[str], version: str, now: datetime, tag: str) -> str:
+    """An ad-hoc command's profile name, told apart at a glance: its model folder's name and
+    TP size, when it was pasted, and a random ``tag`` (``ad-hoc qwen2.5-7b tp2
+    20261204-212730-751d6a``); at most 63 characters (the name's column)."""
+    flags = parse_command(args, table(version))
+    model = str(flags.get("model_path", default="") or "").rstrip("/").rsplit("/", 1)[-1]
+    tp = flags.get("tp_size", "tensor_parallel_size", default=None)
+    what = " ".join(w for w in (model[:24], f"tp{tp}" if tp else "") if w)
+    return " ".join(w for w in ("ad-hoc", what, f"{now:%Y%m%d-%H%M%S}-{tag}") if w)[:63]
+
+
 def _save_adhoc(
     args: list[str], env: dict[str, str], node: Node, actor: Actor, model: ModelFacts
 ) -> ProfileRevision:
@@ -145,7 +156,7 @@ def _save_adhoc(
     author = actor.get_username() if actor.is_authenticated else "cli"
     with transaction.atomic():
         profile = LaunchProfile.objects.create(
-            name=f"ad-hoc {timezone.now():%Y%m%d-%H%M%S}-{pysecrets.token_hex(3)}",
+            name=adhoc_name(args, version, timezone.now(), pysecrets.token_hex(3)),
             created_by=author,
             adhoc=True,
         )
@@ -590,6 +601,8 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
     checks.append(plan.check_ports(ports, read.listening))
     checks.append(plan.check_model(model_path, read.model_found, read.model_detail))
     checks.append(plan.check_shm(read.shm_bytes, len(launch.gpus)))
+    if (code := plan.check_code_on_node(args_of(launch), node.server_user)) is not None:
+        checks.append(code)
     return plan.apply_overrides(checks, dict(launch.overrides)), report
 
 

@@ -32,7 +32,7 @@ def test_a_fix_of_an_ad_hoc_command_is_found_and_saved_as_a_named_profile(live_s
 
     # Left without launching it: the launch page leads to the command's revisions...
     page.goto(f"{live_server.url}/launches/{failed.pk}/")
-    page.get_by_role("link", name="ad-hoc command @1").click()
+    page.get_by_role("link", name=f"{name}@1").click()
     expect(page.locator("#revision-2")).to_contain_text(f"Fix from launch #{failed.pk}")
     expect(page.locator("#revision-1 .launched")).to_contain_text(f"#{failed.pk}")
     # ...and so does the profile list.

@@ -61,6 +61,10 @@ def test_find_known_good_clone_to_a_smaller_node_accept_the_change_launch(
     expect(check).to_contain_text("What must change on spare")
     proposed = check.locator(".changes strong").first.inner_text()
     assert int(proposed) < 150
+    # The table reads as a table: its first row below the header, not beside it.
+    header = check.locator(".changes thead tr").bounding_box()
+    row = check.locator(".changes tbody tr").first.bounding_box()
+    assert header and row and row["y"] >= header["y"] + header["height"] - 1, (header, row)
     page.get_by_role("link", name="Accept the change and edit").click()
     expect(page.locator(".clone-note")).to_contain_text(f"--hicache-size {proposed}")
     acknowledge = page.get_by_label("I have read the warnings", exact=False)

@@ -333,6 +333,9 @@ def test_an_outsider_cannot_end_a_team_only_launch_through_a_cleanup(
     assert "the launch's process group" not in page.get(url).content.decode()
     form = follow(page, url, 'name="confirm"')  # the reading a worker made for the form
     assert f'value="{pid}"' not in form and "Clean up GPUs…" not in form
+    # Nothing on the node looks stuck (GPU 0 serves a running launch): no GPU comes ticked.
+    assert re.search(r'name="gpus" value="0"', form)
+    assert not re.search(r'name="gpus" value="\d+"[^>]*checked', form)
     reading = re.search(r'name="reading" value="([^"]+)"', form).group(1)
     forged = {"gpus": [0], "foreign": [pid], "confirm_foreign": "on", "confirm": "on"}
     assert page.post(url, {**forged, "reading": reading}).status_code == 200

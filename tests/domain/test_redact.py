@@ -232,3 +232,38 @@ def test_url_passwords_without_a_user_name_and_short_password_names_are_secret()
     shown = redact_args(["--tool-server", "http://:toolpw9@h", "--port", "30000"])
     assert shown == ["--tool-server", "http://:****@h", "--port", "30000"]
     assert redact_env({"LOG_PATH": "/tmp/a:b@c"}) == {"LOG_PATH": "/tmp/a:b@c"}  # no scheme
+
+
+@pytest.mark.parametrize(
+    "secret",
+    [
+        "-----BEGIN RSA PRIVATE KEY-----\nMIIEowIBAAKCAQEA\n-----END RSA PRIVATE KEY-----",
+        "ghp_" + "A1" * 18,
+        "github_pat_11ABCDEFG0" + "x" * 40,
+        "eyJhbGciOiJSUzI1NiJ9.eyJpc3MiOiJrOHMifQ.TWFueSBoYW5kcyBtYWtlIGxpZ2h0",
+        "https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+        "xoxb-1234567890-abcdefghij",
+        "hf_" + "aB3" * 11,
+        "sk-proj-" + "Q7" * 12,
+        "AKIAIOSFODNN7EXAMPLE",
+    ],
+)
+def test_a_secret_known_by_its_value_is_masked_whatever_it_is_called(secret):
+    assert redact_env({"SOMETHING_ELSE": secret}) == {"SOMETHING_ELSE": "****"}
+    assert mask_text(f"connecting with {secret} now", []) == "connecting with **** now"
+    assert secret in secret_values([], {"SOMETHING_ELSE": secret})
+
+
+@pytest.mark.parametrize(
+    "ordinary",
+    [
+        "task-0123456789abcdefghijklmno",
+        "/models/hf_cache/Qwen2.5-7B",
+        "BEGIN of batch",
+        "eyJustAWord",
+        "mask-abcdefghijklmnopqrstuvwxyz",
+    ],
+)
+def test_ordinary_values_that_share_a_prefix_stay(ordinary):
+    assert redact_env({"SOMETHING_ELSE": ordinary}) == {"SOMETHING_ELSE": ordinary}
+    assert mask_text(ordinary, []) == ordinary

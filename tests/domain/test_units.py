@@ -8,9 +8,10 @@ from nodes.domain.units import (
     GB,
     GiB,
     UnitError,
-    best_entry_unit,
     format_bytes,
+    kept_if_unchanged,
     parse_size,
+    shown_entry,
     split_size,
     to_bytes,
 )
@@ -74,9 +75,11 @@ def test_format_bytes_always_names_the_unit(size, unit, text):
 
 
 @pytest.mark.parametrize("size", [96 * GiB, 449 * GB, 150_754_820_096, 1, 123_456_789_012])
-def test_best_entry_unit_round_trips_exactly(size):
-    number, unit = best_entry_unit(size)
-    assert to_bytes(number, unit) == size
+def test_a_shown_size_sent_back_unchanged_keeps_its_exact_bytes(size):
+    number, unit = shown_entry(size)
+    assert kept_if_unchanged(to_bytes(number, unit), size) == size
+    assert abs(to_bytes(number, unit) - size) <= GB // 200  # shown to 0.01 GB
+    assert kept_if_unchanged(to_bytes(number + 1, unit), size) == to_bytes(number + 1, unit)
 
 
 def test_split_size_keeps_number_and_unit():

@@ -167,6 +167,29 @@ def test_edit_form_is_prefilled_so_an_unchanged_save_keeps_the_bytes(admin_clien
     assert not AuditEntry.objects.filter(action="node.update").exists()
 
 
+def test_a_discovered_size_reads_rounded_and_an_unchanged_save_keeps_its_bytes(admin_client_):
+    # MemTotal as discovery read it on the incident's node: not a round number of GB.
+    node = make_node(
+        host_ram_bytes=448_999_999_488, host="gpu-01.example.net", labels=["rack=a3", "h200"]
+    )
+    Gpu.objects.filter(node=node).update(memory_total_bytes=150_754_820_096)  # 143,771 MiB
+    page = admin_client_.get(reverse("nodes:node-edit", args=[node.pk])).content.decode()
+    assert 'name="host_ram_0" value="449"' in page, page
+    assert 'name="gpu_memory_0" value="150.75"' in page
+    admin_client_.post(
+        reverse("nodes:node-edit", args=[node.pk]),
+        node_form_data(gpu_memory_0="150.75", gpu_memory_1="GB"),
+    )
+    node.refresh_from_db()
+    assert node.host_ram_bytes == 448_999_999_488
+    assert {g.memory_total_bytes for g in node.gpus.all()} == {150_754_820_096}
+    assert not AuditEntry.objects.filter(action="node.update").exists()
+    # A size the admin does change is what they typed.
+    admin_client_.post(reverse("nodes:node-edit", args=[node.pk]), node_form_data(host_ram_0="450"))
+    node.refresh_from_db()
+    assert node.host_ram_bytes == 450 * GB
+
+
 def test_editing_a_mixed_node_without_touching_gpus_keeps_them(admin_client_):
     node = make_node(gpus=1, host="gpu-01.example.net")
     Gpu.objects.create(node=node, index=1, name="NVIDIA A100", memory_total_bytes=80 * GiB)

@@ -5,6 +5,7 @@ they are offered; the API and the CLI answer the same document."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.urls import reverse
@@ -126,6 +127,10 @@ def test_the_launch_page_names_the_bottleneck_and_an_option_saves_a_checked_revi
     launch = _incident()
     page = operator_client.get(reverse("nodes:launch-detail", args=[launch.pk])).content.decode()
     assert 'data-bottleneck="kv-bound"' in page and "What would lift it?" in page
+    # Its figures read as numbers, not floats: a share in per cent, a mean to one decimal.
+    shown = dict(re.findall(r"<dt>([^<]+)</dt><dd>([^<]+)</dd>", page))
+    assert re.fullmatch(r"\d+\.\d %", shown["token usage"]), shown
+    assert re.fullmatch(r"\d+(\.\d)?", shown["queued"]) and shown["pool tokens"] == "116,171"
     assert "Load over the launch" in page and 'data-chart="Requests"' in page
     options = operator_client.get(reverse("nodes:launch-capacity", args=[launch.pk]))
     assert "fp8_e5m2" in options.content.decode()

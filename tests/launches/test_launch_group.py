@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.contrib.auth.models import User
 
+from nodes.domain import timeline
 from nodes.models import Launch, LaunchProfile, ProfileRevision, Reservation
 from nodes.models.choices import LaunchStatus
 from nodes.workflows import ending, launching
@@ -138,9 +139,36 @@ def test_a_group_on_one_machine_twice_or_with_its_store_on_the_servers_port_is_r
 def test_stopping_a_part_stops_the_whole_launch(nodes):
     launch = _create(nodes)
     part = launch.parts.get()
-    # These nodes are not there: the stop reaches for both and fails, saying so on both.
+    # These nodes are not there: the stop reaches for node 1's part first and fails; node 0's
+    # is then left as it was (the launch as a whole was not stopped), and both say so.
     outcome = ending.stop(part.pk, actor=make_user("stan", "operator"))
-    assert outcome.launch.pk == launch.pk
-    for each in (launch, part):
-        each.refresh_from_db()
-        assert each.stop_attempts == 1 and each.reason.startswith("stop failed"), each.reason
+    assert outcome.launch.pk == launch.pk and outcome.error.startswith("stop failed on gpu-02")
+    part.refresh_from_db()
+    assert part.stop_attempts == 1 and part.reason.startswith("stop failed"), part.reason
+    launch.refresh_from_db()
+    assert launch.status == LaunchStatus.PENDING, launch.status
+    assert launch.reason.startswith("stop failed on gpu-02: "), launch.reason
+
+
+def test_a_parts_page_offers_stop_for_the_whole_launch(nodes, client):
+    launch = _create(nodes)
+    part = launch.parts.get()
+    Launch.objects.filter(pk__in=[launch.pk, part.pk]).update(status=LaunchStatus.READY)
+    client.force_login(User.objects.get(username="olga"))
+    page = client.get(f"/launches/{part.pk}/").content.decode()
+    assert f'action="/launches/{part.pk}/stop/"' in page
+    assert "on gpu-01 (GPU 0,1,2,3), gpu-02 (GPU 0,1,2,3)" in page  # the confirm names both
+    Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.STOPPED)
+    assert "/stop/" not in client.get(f"/launches/{part.pk}/").content.decode()
+
+
+def test_node_0s_memory_charts_say_whose_they_are(nodes, client):
+    launch = _create(nodes)
+    part = launch.parts.get()
+    samples = [timeline.sample(t, 449 * 10**9, 400 * 10**9, {0: t * 10**9}) for t in (0, 5, 10)]
+    Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.READY, memory_timeline=samples)
+    client.force_login(User.objects.get(username="olga"))
+    page = client.get(f"/launches/{launch.pk}/").content.decode()
+    assert "Memory over the launch on gpu-01" in page
+    assert "These charts are gpu-01's (node rank 0) alone" in page
+    assert f'href="/launches/{part.pk}/">gpu-02' in page

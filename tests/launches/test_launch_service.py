@@ -283,11 +283,16 @@ def test_ranks_stopped_because_another_node_was_lost_do_not_fail_the_lost_launch
         "state": "S",
         "name": "sglang::schedul",
     }
-    group = dict(dir="/d", exists=True, launch_id=str(launch.pk), pid=1, pgid=1, exit_status=None)
-    group |= dict(log="/d/log", log_size=0, alive=True)
+
+    def group(members: list) -> GroupStatus:
+        return GroupStatus(
+            dir="/d", exists=True, launch_id=str(launch.pk), pid=1, pgid=1, exit_status=None,
+            log="/d/log", log_size=0, alive=True, members=members,
+        )  # fmt: skip
+
     follower.ranks_seen = {}
-    follower._check_ranks(seen, GroupStatus(**group, members=[rank]))
+    follower._check_ranks(seen, group([rank]))
     Launch.objects.filter(pk=launch.pk).update(status=LaunchStatus.LOST, reason="pb lost")
-    follower._check_ranks(seen, GroupStatus(**group, members=[]))
+    follower._check_ranks(seen, group([]))
     launch.refresh_from_db()
     assert (launch.status, launch.reason) == (LaunchStatus.LOST, "pb lost")

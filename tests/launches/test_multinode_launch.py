@@ -228,3 +228,42 @@ def test_the_api_launches_over_two_nodes_and_names_the_node_of_each_check(
     assert client.post(f"/api/launches/{launch.pk}/stop", **headers).status_code == 202
     assert wait_for(launch, LaunchStatus.STOPPED, timeout=120) == LaunchStatus.STOPPED
     assert sglang_processes(a.sim) == [] and sglang_processes(b.sim) == []
+
+
+def test_a_stop_waits_on_a_node_that_does_not_answer_naming_it_and_audits_the_launch(
+    cli, pair, launch_workers
+):
+    """Found by an adversarial pass: the launch read ``stopped`` while pb's stop was still being
+    retried with its ranks running, and the asker's audit entry named pb's part."""
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    from nodes.models import AuditEntry
+
+    a, b = pair
+    doc = _launch(cli, "pa,pb", *QWEN, extra=("--wait", "ready"))
+    assert doc["status"] == "ready", doc
+    launch = Launch.objects.get(pk=doc["id"])
+    part = launch.parts.get()
+    simfleet("link", "pb", "down", "--state", b.sim.state)
+    try:
+        # Stop from the part's page, as an operator would (the task is queued, the page returns).
+        page = Client()
+        page.force_login(User.objects.get(username="olga"))
+        assert page.post(f"/launches/{part.pk}/stop/").status_code == 302
+        assert wait_for(launch, LaunchStatus.STOPPING, timeout=30) == LaunchStatus.STOPPING
+
+        def waiting() -> bool:
+            launch.refresh_from_db()
+            return "waiting on pb" in launch.reason
+
+        assert wait_until(waiting, 180), (launch.status, launch.reason)
+        assert launch.status == LaunchStatus.STOPPING
+        assert wait_until(lambda: sglang_processes(a.sim) == [], 30), sglang_processes(a.sim)
+    finally:
+        simfleet("link", "pb", "up", "--state", b.sim.state)
+    assert wait_for(part, LaunchStatus.STOPPED, timeout=120) == LaunchStatus.STOPPED, part.reason
+    assert wait_for(launch, LaunchStatus.STOPPED, timeout=60) == LaunchStatus.STOPPED
+    assert sglang_processes(b.sim) == []
+    asked = AuditEntry.objects.filter(action="launch.stop")
+    assert [(e.object_id, e.actor_name) for e in asked] == [(str(launch.pk), "olga")]

@@ -155,7 +155,9 @@ def test_the_launch_form_preselects_the_best_node_and_gpus(client, olga):
     _running(Node.objects.get(name="a-busy"), _revision("x", 1, 1), [0], GB)
     revision = _revision("llama", 4, 5)
     client.force_login(olga)
-    page = client.get(reverse("nodes:launch-create"), {"revision": revision.pk}).content.decode()
+    page = client.get(
+        reverse("nodes:launch-create"), {"profile": "llama", "revision": revision.number}
+    ).content.decode()
     assert "Where llama@1 fits now" in page
     assert f'<option value="{best.pk}" selected>' in page
     assert 'value="0,1,2,3"' in page
@@ -167,14 +169,14 @@ def test_the_node_a_link_chose_stays_where_it_fits_and_is_replaced_where_not(cli
     the revision fits there; where it does not, the best node instead, and the page says so."""
     busy, free = _node("a-busy", gpus=4), _node("b-free")
     _running(busy, _revision("x", 1, 1), [0], GB)
-    revision = _revision("llama", 2, 5)
+    _revision("llama", 2, 5)
     client.force_login(olga)
     url = reverse("nodes:launch-create")
-    kept = client.get(url, {"revision": revision.pk, "node": busy.pk}).content.decode()
+    kept = client.get(url, {"profile": "llama", "revision": 1, "node": busy.pk}).content.decode()
     assert f'<option value="{busy.pk}" selected>' in kept and 'value="1,2"' in kept
     assert "does not fit on" not in kept
-    big = _revision("big", 4, 5)
-    moved = client.get(url, {"revision": big.pk, "node": busy.pk}).content.decode()
+    _revision("big", 4, 5)
+    moved = client.get(url, {"profile": "big", "revision": 1, "node": busy.pk}).content.decode()
     assert f'<option value="{free.pk}" selected>' in moved and 'value="0,1,2,3"' in moved
     assert "It does not fit on a-busy, the node the link chose, now" in moved
     assert "the form starts with b-free instead" in moved
@@ -213,3 +215,36 @@ def test_the_api_answers_as_the_cli(client):
     negative = client.get("/api/profiles/fits/placement?revision=-1", **headers)
     assert negative.status_code == 422
     assert "revision number (1 or more)" in negative.json()["detail"]
+
+
+@pytest.mark.django_db
+def test_a_multi_node_revision_is_placed_on_groups_of_nodes_with_the_same_gpus_free(client, olga):
+    """Found by a newcomer: a --nnodes 2 revision was "placed" on one node, as if it fitted."""
+    a, b = _node("a-one", gpus=4), _node("b-two", gpus=4)
+    _node("c-three", gpus=4)
+    _running(b, _revision("other", 2, 5), [0, 1], 10 * GB)
+    revision = _revision("kimi", 4, 5)
+    revision.args = [*revision.args, "--nnodes", "2"]
+    revision.save(update_fields=["args"])
+    found = placement.place(revision, olga)
+    # TP 4 over 2 nodes: 2 GPUs on each, the same ones on both.
+    assert [(c.node, c.gpus) for c in found.candidates] == [
+        ("a-one,c-three", [0, 1]),
+        ("a-one,c-three", [2, 3]),
+        ("a-one,b-two", [2, 3]),
+        ("b-two,c-three", [2, 3]),
+    ]
+    assert all("," in c.node for c in found.candidates)
+    # The launch form starts with the best group: node 0 and the other node filled in.
+    client.force_login(olga)
+    page = client.get(reverse("nodes:launch-create"), {"profile": "kimi", "revision": 1})
+    body = page.content.decode()
+    assert f'<option value="{a.pk}" selected>' in body and 'value="c-three"' in body
+    # Three nodes for --nnodes 4: no group, and each node says why.
+    revision.args = [*revision.args[:-2], "--nnodes", "4"]
+    revision.save(update_fields=["args"])
+    found = placement.place(revision, olga)
+    assert found.candidates == []
+    assert any(
+        "--nnodes 4 needs 4 nodes" in r for refusal in found.refused for r in refusal.reasons
+    )

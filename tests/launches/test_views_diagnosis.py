@@ -83,7 +83,8 @@ def test_applying_the_fix_saves_a_revalidated_revision_and_opens_the_launch_form
     assert revision.verdict != "block" and f"Fix from launch #{incident.pk}" in revision.message
     assert response.status_code == 302
     assert response.url.startswith(reverse("nodes:launch-create"))
-    assert f"revision={revision.pk}" in response.url and "gpus=0%2C1" in response.url
+    # The link names @2 as the operator reads it, not a database id.
+    assert "profile=kimi&revision=2&" in response.url and "gpus=0%2C1" in response.url
     form = operator_client.get(response.url).content.decode()
     assert f'<option value="{revision.pk}" selected>' in form
     assert AuditEntry.objects.filter(

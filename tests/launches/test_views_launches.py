@@ -319,3 +319,63 @@ def test_a_launch_the_budget_blocked_offers_its_complete_change_as_a_new_revisio
     saved = ProfileRevision.objects.get(profile=profile, number=2)
     assert saved.args[-2:] == ["--hicache-size", "37"] and saved.verdict != "block"
     assert "Fix from launch" in saved.message and response.status_code == 302
+
+
+def test_the_launch_link_names_the_revision_as_the_operator_reads_it(operator_client, node):
+    """Found by a newcomer: ``?revision=3`` (a database id) launched @2. A profile's *Launch @N*
+    opens the form with @N of that profile, whatever ids other profiles took."""
+    other = LaunchProfile.objects.create(name="other", created_by="pat")
+    for number in (1, 2):
+        ProfileRevision.objects.create(
+            profile=other, number=number, args=["--model-path", "/o"], env={}, author="pat",
+            node=node, verdict="ok", report={},
+        )  # fmt: skip
+    qwen = LaunchProfile.objects.create(name="qwen", created_by="pat")
+    for number in (1, 2):
+        ProfileRevision.objects.create(
+            profile=qwen, number=number, args=["--model-path", f"/q{number}"], env={},
+            author="pat", node=node, verdict="ok", report={},
+        )  # fmt: skip
+    page = operator_client.get(reverse("nodes:profile-detail", args=[qwen.pk])).content.decode()
+    assert "?profile=qwen&amp;revision=2&amp;node=" in page
+    form = operator_client.get(
+        reverse("nodes:launch-create"), {"profile": "qwen", "revision": "2"}
+    ).content.decode()
+    wanted = ProfileRevision.objects.get(profile=qwen, number=2)
+    assert f'<option value="{wanted.pk}" selected>qwen@2' in form, form
+    for bad in ({"profile": "qwen", "revision": "9"}, {"profile": "nope", "revision": "1"},
+                {"revision": str(wanted.pk)}):  # fmt: skip
+        form = operator_client.get(reverse("nodes:launch-create"), bad).content.decode()
+        assert " selected>qwen@" not in form and " selected>other@" not in form
+
+
+def test_ad_hoc_commands_are_told_apart_by_model_tp_and_time():
+    from datetime import datetime
+
+    from nodes.workflows.launching import adhoc_name
+
+    when = datetime(2026, 12, 4, 21, 27, 30)
+    args = ["--model-path", "/srv/models/qwen2.5-7b/", "--tp-size", "2"]
+    assert (
+        adhoc_name(args, "0.5.9", when, "751d6a") == "ad-hoc qwen2.5-7b tp2 20261204-212730-751d6a"
+    )
+    long = ["--model-path", "/m/" + "x" * 80, "--tp", "8"]
+    name = adhoc_name(long, "0.5.9", when, "751d6a")
+    assert len(name) <= 63 and name.startswith("ad-hoc " + "x" * 24 + " tp8 ")
+
+
+def test_the_phase_bar_has_a_host_pool_only_with_hierarchical_cache(viewer_client, node, revision):
+    """Found by a newcomer: "Host pool" was marked done for a server with no HiCache."""
+    ready = {"phase": "ready"}
+    plain = make_launch(revision, node, progress=ready)
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[plain.pk])).content.decode()
+    bar = page[page.index('class="phase-list"') :].split("</ol>")[0]
+    assert "Host pool" not in bar and "CUDA graphs" in bar
+    hicache = ProfileRevision.objects.create(
+        profile=revision.profile, number=2, env={}, author="pat", node=node, verdict="ok",
+        report={}, args=[*revision.args, "--enable-hierarchical-cache", "--hicache-size", "37"],
+    )  # fmt: skip
+    pooled = make_launch(hicache, node, progress=ready)
+    page = viewer_client.get(reverse("nodes:launch-detail", args=[pooled.pk])).content.decode()
+    bar = page[page.index('class="phase-list"') :].split("</ol>")[0]
+    assert '<li class="done">Host pool</li>' in bar

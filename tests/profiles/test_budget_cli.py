@@ -145,3 +145,28 @@ def test_an_unusable_config_exits_2(files, tmp_path):
     config.write_text("[]")
     result = budget("--node", str(node), "--model-config", str(config), "--", *INCIDENT, "37")
     assert result.returncode == 2 and "--model-config" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "said"),
+    [
+        ("--weights-per-rank-bytes", "-5", "--weights-per-rank-bytes -5: a size in bytes"),
+        ("--free-before-load-bytes", "-1", "--free-before-load-bytes -1: a size in bytes"),
+        (
+            "--free-before-load-bytes",
+            str(200 * 2**30),
+            "is more than a GPU of --node has (103,079,215,104 bytes)",
+        ),
+    ],
+)
+def test_an_observed_figure_out_of_range_is_refused_naming_itself(files, option, value, said):
+    """Found by a reviewer: a negative figure was reported against --node, and free memory
+    larger than the card was accepted."""
+    from tests.conftest import manage_in_process
+
+    node, _ = files
+    done = manage_in_process(
+        "budget", "--node", str(node), f"{option}={value}", "--", *INCIDENT, "37"
+    )
+    assert done.returncode == 2 and said in done.stderr, done.stderr
+    assert "--node:" not in done.stderr

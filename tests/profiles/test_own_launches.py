@@ -47,12 +47,12 @@ def _running(node, name: str, *, adhoc: bool = False) -> Launch:
 def test_the_profiles_own_launch_counts_free_and_anyone_elses_stays_used():
     node = make_node("gpu-01", gpus=2, mem_available_bytes=40 * GB, sglang_version="0.5.9")
     _running(node, "llama")
-    own = node_memory_for(node, "llama")
+    own = node_memory_for(node, "llama", viewer=None)
     assert own.gpu_used_bytes == (0, 0)
     assert own.mem_available_bytes == 440 * GB  # 40 GB available + the 400 GB it pinned
     assert own.own_pinned_bytes == 400 * GB
     for other in ("qwen", None):
-        theirs = node_memory_for(node, other)
+        theirs = node_memory_for(node, other, viewer=None)
         assert theirs.gpu_used_bytes == (90 * GiB, 90 * GiB)
         assert theirs.mem_available_bytes == 40 * GB
 
@@ -63,7 +63,7 @@ def test_a_new_revision_beside_its_own_server_is_not_blocked_by_it():
     model = ModelFacts(None, None, "not read")
     args = [*ARGS, "150"]
     assert evaluate(args, node, model).verdict == "block"  # counting its own 400 GB as used
-    memory = node_memory_for(node, "llama")
+    memory = node_memory_for(node, "llama", viewer=None)
     report = evaluate(args, node, model, memory=memory)
     assert report.verdict != "block"
     # The arithmetic says where the memory it counts comes from.
@@ -93,3 +93,30 @@ def test_a_profile_that_must_be_new_is_not_added_to_one_made_meanwhile():
             report=report, model=model, actor=otto, new_profile=True,
         )  # fmt: skip
     assert not ProfileRevision.objects.filter(profile__name="taken").exists()
+
+
+def test_another_teams_hidden_profile_named_in_the_check_tells_nothing(client):
+    """An outsider naming a team-only profile in the check gets the node as for a new profile:
+    its running launch's memory stays used, and no line speaks of "this profile's own"."""
+    from django.urls import reverse
+
+    from nodes.models import Team
+    from tests.factories import profile_form_data
+
+    node = make_node("gpu-01", gpus=2, mem_available_bytes=40 * GB, sglang_version="0.5.9")
+    launch = _running(node, "alpha-secret")
+    alpha, beta = Team.objects.create(name="alpha"), Team.objects.create(name="beta")
+    LaunchProfile.objects.filter(pk=launch.revision.profile_id).update(
+        team=alpha, visibility=LaunchProfile.Visibility.TEAM
+    )
+    insider, outsider = make_user("ann", "operator"), make_user("bob", "operator")
+    alpha.members.add(insider.pk)
+    beta.members.add(outsider.pk)
+    assert node_memory_for(node, "alpha-secret", viewer=insider).own_pinned_bytes == 400 * GB
+    assert node_memory_for(node, "alpha-secret", viewer=outsider) == node_memory_for(
+        node, None, viewer=outsider
+    )
+    client.force_login(outsider)
+    data = profile_form_data(node, name="alpha-secret", hicache_size="150", tp_size="2")
+    body = client.post(reverse("nodes:profile-check"), data).content.decode()
+    assert "own launches" not in body and "400 GB pinned" not in body

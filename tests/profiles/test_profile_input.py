@@ -3,6 +3,7 @@ pasted launch command), not only when it is launched; nothing is saved."""
 
 from __future__ import annotations
 
+import html
 import json
 
 import pytest
@@ -67,6 +68,31 @@ def test_loading_a_pasted_command_with_c_says_why_and_fills_nothing(operator_cli
     body = response.content.decode()
     assert "the interpreter option -c" in body and "runs the code given after it" in body
     assert 'value="/evil"' not in body  # no field was filled from it
+    assert not ProfileRevision.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("pasted", "said"),
+    [
+        (
+            "cd /opt && sudo python3 -m sglang.launch_server --model-path /m --tp-size 2",
+            "“cd /opt && sudo” before the launcher would not be run",
+        ),
+        ("sudo sglang serve --model-path /m", "“sudo” before the launcher would not be run"),
+    ],
+)
+def test_loading_a_command_with_a_shell_prefix_says_so_plainly_and_nothing_else(
+    operator_client, node, pasted, said
+):
+    response = operator_client.post(
+        reverse("nodes:profile-create"),
+        {"node": node.pk, "pasted_command": pasted, "action": "load"},
+    )
+    body = html.unescape(response.content.decode())
+    assert said in body, body
+    assert "sudo is not needed" in body
+    # Only the paste is in question: the empty name is not called missing before a save.
+    assert "This field is required" not in body
     assert not ProfileRevision.objects.exists()
 
 

@@ -97,6 +97,21 @@ def test_a_team_only_profile_of_a_team_the_importer_is_not_in_is_not_imported(op
     assert not LaunchProfile.objects.filter(name="hush").exists()
 
 
+def test_an_import_under_the_name_of_a_hidden_profile_does_not_say_it_is_here(operator_client):
+    """Found by an adversarial pass: the conflict list named another team's team-only profile
+    ("already here, different"). The name is refused as any taken name is, and that is all."""
+    _profile("hush", team=Team.objects.create(name="research"), visibility="team")
+    page = html.unescape(
+        _upload(operator_client, _doc("hush", ["--model-path", "/x"])).content.decode()
+    )
+    conflicts = page[page.index('class="conflicts"') :].split("</dd>")[0]
+    assert "hush" not in conflicts
+    assert "hush: not imported: that name cannot be used here; rename the profile" in page
+    skipped = page[page.index('class="skipped"') :].split("</dd>")[0]
+    assert "hush" not in skipped
+    assert ProfileRevision.objects.filter(profile__name="hush").count() == 1
+
+
 def test_a_team_only_profile_of_a_team_not_here_arrives_for_admins_alone(
     operator_client, viewer_client
 ):

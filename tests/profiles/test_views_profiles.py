@@ -218,6 +218,38 @@ def test_glued_secret_names_and_secrets_inside_flag_values_are_masked_on_the_pag
     assert "http://u:****@tools:9000" in page
 
 
+SHAPED_SECRETS = {
+    "DEPLOY_MATERIAL": "-----BEGIN PRIVATE KEY-----MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"
+    "-----END PRIVATE KEY-----",
+    "REPO_MIRROR_CRED": "ghp_" + "k9" * 18,
+    "UPSTREAM_HEADER": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJvcGVyYXRvciJ9.c2lnbmF0dXJlLWp1bGlldA",
+    "ALERTS_URL": "https://hooks.slack.com/services/T01ABCDEF/B02GHIJKL/lima1234567890mike",
+}
+
+
+def test_secrets_known_by_their_value_are_masked_under_any_name(operator_client, operator):
+    from nodes.services import tokens
+
+    node = make_node("big", host_ram_bytes=2000 * GB, sglang_version="0.5.23")
+    env = "\n".join(f"{k}={v}" for k, v in SHAPED_SECRETS.items()) + "\nLOG_LEVEL=debug"
+    flags = f"--max-total-tokens 100000 --served-model-name {'ghp_' + 'z8' * 18}"
+    data = profile_form_data(node, hicache_size="37", extra_flags=flags, env=env, acknowledge="on")
+    operator_client.post(reverse("nodes:profile-create"), data)
+    profile = LaunchProfile.objects.get()
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {tokens.create(operator, 'test')}"}
+    shown = {
+        "page": operator_client.get(reverse("nodes:profile-detail", args=[profile.pk])),
+        "api": operator_client.get("/api/profiles", **auth),
+        "export": operator_client.get("/api/profiles/export", **auth),
+    }
+    audit = json.dumps(list(AuditEntry.objects.values("before", "after")), default=str)
+    for where, text in [*((k, v.content.decode()) for k, v in shown.items()), ("audit", audit)]:
+        leaked = [v for v in (*SHAPED_SECRETS.values(), "z8" * 18) if v in text]
+        assert not leaked, (where, leaked)
+        assert "debug" in text and "100000" in text, where  # the rest still shows
+        assert "ALERTS_URL" in text, where  # the name stays: it is what to look for
+
+
 def test_gpu_memory_matters(operator_client):
     node = make_node("small", host_ram_bytes=449 * GB)
     node.gpus.update(memory_total_bytes=24 * GiB)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from nodes.domain.diagnosis import (
+    exec_failure,
     gpu_memory,
     host_memory,
     kv_pool,
@@ -22,6 +23,7 @@ from nodes.domain.diagnosis import (
     vllm,
 )
 from nodes.domain.diagnosis.evidence import Bundle, Diagnosis, Log, Rule, group_of
+from nodes.domain.diagnosis.exec_failure import exec_failed
 from nodes.domain.diagnosis.gpu_holders import (
     cleanup_leak,
     cleanup_survivors,
@@ -123,6 +125,7 @@ RULES: Sequence[Rule] = (
     kv_needed_v1,
     no_cache_blocks,
     vllm_gpu_occupied,
+    exec_failed,
     model_not_found,
     survivors_after_cleanup,
     leaked_after_cleanup,
@@ -173,6 +176,7 @@ RULES: Sequence[Rule] = (
 #: rule that cannot read a figure of it still names the category (``_unreadable``). Each rule
 #: module says which of its rules a line recognises; the map is in the order rules are tried.
 _RECOGNISES: Mapping[Rule, tuple[str, re.Pattern[str]]] = {
+    **exec_failure.RECOGNISES,
     **gpu_memory.RECOGNISES,
     **host_memory.RECOGNISES,
     **kv_pool.RECOGNISES,

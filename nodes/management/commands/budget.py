@@ -71,20 +71,41 @@ class Command(OneLineCommand):
         command = [w for w in options["command"] if w != "--"] if options["command"] else []
         if not command:
             raise CommandError("give the launch command after --", returncode=2)
+        # Each size option is checked on its own, so a refusal names the one at fault.
+        sizes: dict[str, int | None] = {}
+        for option in (
+            "available_bytes",
+            "weights_bytes",
+            "free_before_load_bytes",
+            "weights_per_rank_bytes",
+        ):
+            try:
+                sizes[option] = json_size_or_none(options[option])
+            except ValueError:
+                flag = "--" + option.replace("_", "-")
+                raise CommandError(
+                    f"{flag} {options[option]}: a size in bytes, 0 to 2^63", returncode=2
+                ) from None
         try:
-            memory = NodeMemory.from_document(node_doc, options["available_bytes"])
-            weights = json_size_or_none(options["weights_bytes"])
-            observed = Observed(
-                free_before_load_bytes=json_size_or_none(options["free_before_load_bytes"]),
-                weights_per_rank_bytes=json_size_or_none(options["weights_per_rank_bytes"]),
-            )
+            memory = NodeMemory.from_document(node_doc, sizes["available_bytes"])
         except ValueError:
             raise CommandError(
                 '--node: expected {"host_ram_bytes": int, "gpus": [{"memory_total_bytes": int}]} '
-                "with sizes in bytes (0 to 2^63), and non-negative --weights-bytes, "
-                "--free-before-load-bytes and --weights-per-rank-bytes",
+                "with sizes in bytes (0 to 2^63)",
                 returncode=2,
             ) from None
+        smallest = min((g for g in memory.gpu_memory_bytes if g), default=None)
+        free = sizes["free_before_load_bytes"]
+        if free is not None and smallest is not None and free > smallest:
+            raise CommandError(
+                f"--free-before-load-bytes {free:,} is more than a GPU of --node has "
+                f"({smallest:,} bytes): SGLang's avail mem= is what one GPU had free",
+                returncode=2,
+            )
+        weights = sizes["weights_bytes"]
+        observed = Observed(
+            free_before_load_bytes=free, weights_per_rank_bytes=sizes["weights_per_rank_bytes"]
+        )
         version = str(
             options["sglang_version"] or node_doc.get("sglang_version") or DEFAULT_VERSION
         )

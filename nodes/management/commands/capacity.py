@@ -12,6 +12,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from nodes.domain import figure_labels
 from nodes.domain.remedy import describe
 from nodes.management.cli import OneLineCommand, add_actor_argument, resolve_actor
 from nodes.models.choices import Role
@@ -47,9 +48,7 @@ class Command(OneLineCommand):
         held = f" (held {found['held_s']:g} s)" if found["held_s"] else ""
         self.stdout.write(f"Launch #{launch.pk}: {found['bottleneck']}{held}")
         for key, value in found["figures"].items():
-            self.stdout.write(
-                f"  {key}: {value:,}" if isinstance(value, int) else f"  {key}: {value}"
-            )
+            self.stdout.write(f"  {figure_labels.label(key)}: {figure_labels.value(key, value)}")
         if found["why"]:
             self.stdout.write(f"  {found['why']}")
         for option in found["options"]:
