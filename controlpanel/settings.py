@@ -198,6 +198,8 @@ RANKWISE_FOLLOWER_LEASE_SECONDS = env_int("RANKWISE_FOLLOWER_LEASE_SECONDS", 15)
 RANKWISE_RECONCILE_SECONDS = env_int("RANKWISE_RECONCILE_SECONDS", 20)
 # A launch whose node does not answer for this long becomes `lost` (and recovers when it does).
 RANKWISE_LOST_AFTER_SECONDS = env_int("RANKWISE_LOST_AFTER_SECONDS", 30)
+# Live log streams one user may hold open at once (per panel process): a page follows one.
+RANKWISE_STREAMS_PER_USER = env_int("RANKWISE_STREAMS_PER_USER", 8)
 # Start-up must reach `ready` within this (the CLI's --timeout sets it per launch).
 RANKWISE_STARTUP_TIMEOUT_SECONDS = env_int("RANKWISE_STARTUP_TIMEOUT_SECONDS", 1800)
 # Seconds between /health polls of a ready server (and /metrics with --enable-metrics).

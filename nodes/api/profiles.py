@@ -96,6 +96,7 @@ def import_profiles(request: HttpRequest, doc: Body[dict[str, Any]]) -> Any:
             author=request.user.get_username(),
             writable=lambda p: teams.may_write(request.user, p),
             may_own=lambda t: teams.may_own(request.user, t),
+            source="a document sent to the API",
         )
     except exchange.ImportRefused as exc:
         raise HttpError(400, str(exc)) from None

@@ -53,6 +53,9 @@ class StampOut(Schema):
     healthy_seconds: int
     observed: dict[str, Any]
     estimate: dict[str, Any] | None = None
+    #: Set for a stamp that came in an import: not earned on this panel.
+    imported_at: datetime | None = None
+    imported_from: str = ""
 
 
 class RevisionOut(Schema):

@@ -25,6 +25,45 @@ _KV = re.compile(r"KV Cache is allocated\.(?: dtype: [^,]+,)? #tokens: (\d+)")
 _ARG_MODEL = re.compile(r"server_args=ServerArgs\(.*?\bmodel_path='([^']*)'")
 _ARG_TP = re.compile(r"server_args=ServerArgs\(.*?\btp_size=(\d+)")
 _MAX = re.compile(r"max_total_num_tokens=(-?\d+)")
+#: The settings a device KV pool's size depends on beside the GPU and the weights (SGLang's
+#: ``ModelRunner.profile_max_num_token``: the fraction of memory kept, the bytes per token's
+#: cache, a cap on tokens), as ``server_args`` prints them. Token counts from a run with other
+#: values are no measure of an estimate for these (fp8 holds twice the tokens of bf16).
+POOL_SETTINGS = ("kv_cache_dtype", "mem_fraction_static", "max_total_tokens")
+_ARG_SETTING = {
+    name: re.compile(rf"server_args=ServerArgs\(.*?\b{name}=('[^']*'|[\w.]+)")
+    for name in POOL_SETTINGS
+}
+
+
+def pool_settings_of(values: dict[str, Any]) -> dict[str, str]:
+    """``POOL_SETTINGS`` as text from flag values by dest (``ParsedCommand.values``), SGLang's
+    defaults where unset (``auto`` dtype, automatic fraction, no cap: ``None``)."""
+    defaults = {"kv_cache_dtype": "auto", "mem_fraction_static": None, "max_total_tokens": None}
+    return {name: str(values.get(name, defaults[name])) for name in POOL_SETTINGS}
+
+
+def pool_settings_in(lines: Iterable[str]) -> dict[str, str] | None:
+    """``POOL_SETTINGS`` as a log's ``server_args`` line prints them; None without that line."""
+    for line in lines:
+        if "server_args=ServerArgs(" not in line:
+            continue
+        found = {}
+        for name, pattern in _ARG_SETTING.items():
+            if (match := pattern.search(line)) is not None:
+                found[name] = match[1].strip("'")
+        return pool_settings_of(found)
+    return None
+
+
+def settings_differ(ran: dict[str, str], asked: dict[str, str]) -> str:
+    """What differs between the settings a run had and a revision asks, as flags ("--kv-cache-
+    dtype auto, this revision fp8_e5m2"); "" when none does."""
+    return "; ".join(
+        f"--{name.replace('_', '-')} {ran[name]}, this revision {asked[name]}"
+        for name in POOL_SETTINGS
+        if name in ran and name in asked and ran[name] != asked[name]
+    )
 
 
 class CalibrationError(ValueError):

@@ -178,6 +178,8 @@ class StampEntry(_Entry):
     healthy_seconds: Annotated[int | None, _whole(0, 2**31 - 1)] = None
     observed: Annotated[dict[str, Any] | None, Field(description=OBJECT)] = None
     estimate: Annotated[dict[str, Any] | None, Field(description=OBJECT)] = None
+    #: Where a stamp that came in an earlier import was from (it stays imported).
+    imported_from: Annotated[str | None, _text(300)] = None
 
 
 class RevisionEntry(_Entry):

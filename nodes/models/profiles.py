@@ -94,12 +94,17 @@ class KnownGoodStamp(models.Model):
         '"max_total_num_tokens"}',
     )
     estimate = models.JSONField(null=True, blank=True)
+    # A stamp that came in an import was earned elsewhere (or typed into the document): it is
+    # shown as imported and never counts as known-good here.
+    imported_at = models.DateTimeField(null=True, blank=True)
+    imported_from = models.CharField(max_length=300, blank=True)
 
     class Meta:
         ordering = ["-stamped_at", "-id"]
 
     def __str__(self) -> str:
-        return f"{self.revision} known-good on {self.node_name}"
+        said = "imported as known-good" if self.imported_at else "known-good"
+        return f"{self.revision} {said} on {self.node_name}"
 
     @property
     def gpu_class(self) -> str:
@@ -137,6 +142,9 @@ class Calibration(models.Model):
     free_before_load_bytes = models.PositiveBigIntegerField()
     weights_per_rank_bytes = models.PositiveBigIntegerField()
     kv_tokens = models.BigIntegerField(null=True, blank=True)
+    # The settings the pool's size depended on in that run (calibration.POOL_SETTINGS, as
+    # text): its token count is compared only with an estimate for the same; {} not recorded.
+    pool_settings = models.JSONField(default=dict, blank=True)
     # The fullest chosen GPU's memory in use before the launch: free memory before load then.
     gpu_used_before_bytes = models.PositiveBigIntegerField(default=0)
     ranks = models.JSONField(default=list, blank=True, help_text="Per-rank figures as logged.")

@@ -11,7 +11,14 @@ import logging
 from collections.abc import Iterable
 
 from nodes.domain.budget import NodeMemory, Observed
-from nodes.domain.calibration import CalibrationError, Figures, check_fits, parse
+from nodes.domain.calibration import (
+    CalibrationError,
+    Figures,
+    check_fits,
+    parse,
+    pool_settings_in,
+    pool_settings_of,
+)
 from nodes.domain.sglang_flags import ParsedCommand
 from nodes.domain.units import GiB
 from nodes.models import Calibration, Launch, LaunchProfile, Node
@@ -76,6 +83,7 @@ def record_launch(launch: Launch, flags: ParsedCommand) -> Calibration | None:
         figures = parse(lines)
     except CalibrationError:
         return None
+    settings = pool_settings_of(flags.values)
     gpus = {g.index: g for g in launch.node.gpus.all()}
     first = gpus.get(launch.gpus[0]) if launch.gpus else None
     used = [int(v) for v in (launch.gpu_used_before or {}).values()]
@@ -89,6 +97,7 @@ def record_launch(launch: Launch, flags: ParsedCommand) -> Calibration | None:
         launch=launch,
         used_before=max(used, default=0),
         created_by=launch.created_by,
+        settings=settings,
     )
 
 
@@ -102,9 +111,11 @@ def record_log(
 ) -> Calibration:
     """Store a pasted log's figures for the profile's model on ``node``'s GPU model; raises
     ``CalibrationError`` with the reason when the log cannot calibrate."""
+    lines = list(lines)
     figures = parse(lines)
     model_path = str(flags.get("model_path", default="") or "")
     check_fits(figures, model_path, tp_of(flags))
+    settings = pool_settings_in(lines) or {}
     first = node.gpus.order_by("index").first()
     return _store(
         figures,
@@ -115,6 +126,7 @@ def record_log(
         source=f"a log pasted by {actor}",
         profile=profile,
         created_by=actor,
+        settings=settings,
     )
 
 
@@ -130,6 +142,7 @@ def _store(
     profile: LaunchProfile | None = None,
     used_before: int = 0,
     created_by: str = "",
+    settings: dict[str, str] | None = None,
 ) -> Calibration:
     return Calibration.objects.create(
         model_path=model_path[:1024],
@@ -143,6 +156,7 @@ def _store(
         free_before_load_bytes=figures.free_before_load_bytes,
         weights_per_rank_bytes=figures.weights_per_rank_bytes,
         kv_tokens=figures.kv_tokens,
+        pool_settings=settings or {},
         gpu_used_before_bytes=used_before,
         ranks=figures.to_json()["ranks"],
         created_by=created_by[:150],

@@ -86,6 +86,8 @@ def _revision(r: ProfileRevision, secrets: bool) -> dict[str, Any]:
                 "healthy_seconds": s.healthy_seconds,
                 "observed": s.observed,
                 "estimate": s.estimate,
+                # Where an imported stamp came from goes with it: it stays imported.
+                **({"imported_from": s.imported_from} if s.imported_at else {}),
             }
             for s in r.stamps.all()
         ],
@@ -118,14 +120,19 @@ def import_(
     author: str,
     writable: Callable[[LaunchProfile], bool] | None = None,
     may_own: Callable[[Team], bool] | None = None,
+    source: str = "a document",
 ) -> ImportReport:
     """Bring an export in; raises ``ImportRefused`` (and saves nothing) for a document or a
     revision that cannot be read, or when another import or save of the same revisions ran at
     the same moment. A profile already here that ``writable`` refuses (another team's, an
     ad-hoc one) is reported as a conflict and left alone; a new one owned by a team that
     ``may_own`` refuses (the importer is not a member) is not imported, and a note says so."""
+    exported = doc.get("exported_at") if isinstance(doc, dict) else None
+    origin = f"{source} imported by {author}" + (
+        f" (exported {str(exported)[:40]})" if exported else ""
+    )
     try:
-        return _import(doc, author, writable, may_own)
+        return _import(doc, author, writable, may_own, origin[:300])
     except IntegrityError:
         raise ImportRefused(
             "another import or save of these profiles ran at the same moment; nothing was "
@@ -138,6 +145,7 @@ def _import(
     author: str,
     writable: Callable[[LaunchProfile], bool] | None,
     may_own: Callable[[Team], bool] | None,
+    origin: str,
 ) -> ImportReport:
     nodes = {n.name: n for n in Node.objects.all()}
     profiles = _checked(doc, nodes)
@@ -202,7 +210,7 @@ def _import(
                         f"{label}: {', '.join(masked)} came in masked (****): set the real "
                         "values in a new revision before launching it"
                     )
-                _create(profile, r, nodes, author)
+                _create(profile, r, nodes, author, origin)
                 report.created.append(label)
     if missing_nodes:
         report.notes.append(
@@ -213,9 +221,10 @@ def _import(
 
 
 def _create(
-    profile: LaunchProfile, r: RevisionEntry, nodes: dict[str, Node], author: str
+    profile: LaunchProfile, r: RevisionEntry, nodes: dict[str, Node], author: str, origin: str
 ) -> ProfileRevision:
-    """Revision ``r`` of ``profile`` and its stamps, as the document has them."""
+    """Revision ``r`` of ``profile`` and its stamps, as the document has them; each stamp marked
+    imported (from ``origin``, or from where the document says it came), never earned here."""
     revision = ProfileRevision.objects.create(
         profile=profile,
         number=r.number,
@@ -244,6 +253,8 @@ def _create(
             healthy_seconds=s.healthy_seconds or 0,
             observed=s.observed or {},
             estimate=s.estimate,
+            imported_at=timezone.now(),
+            imported_from=(s.imported_from or origin)[:300],
         )
     return revision
 

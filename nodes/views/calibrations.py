@@ -12,7 +12,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from nodes.domain.calibration import CalibrationError
+from nodes.domain.calibration import CalibrationError, pool_settings_of, settings_differ
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Calibration, LaunchProfile
@@ -35,13 +35,19 @@ def rows(profile: LaunchProfile) -> list[dict[str, Any]]:
     path = str(flags.get("model_path", default="") or "")
     tp = calibrations.tp_of(flags)
     estimate = (latest.report or {}).get("device_kv_tokens_per_rank")
+    asked = pool_settings_of(flags.values)
     found = []
     for c in Calibration.objects.filter(model_path=path, tp_size=tp)[:10]:
-        error = (
-            f"{(estimate - c.kv_tokens) / c.kv_tokens * 100:+.1f} %"
-            if estimate and c.kv_tokens
-            else "—"
-        )
+        # Like with like: a pool sized under other settings measures nothing of this one.
+        differs = settings_differ(c.pool_settings or {}, asked)
+        if differs:
+            error = f"not compared: it ran with {differs}"
+        elif estimate and c.kv_tokens:
+            error = f"{(estimate - c.kv_tokens) / c.kv_tokens * 100:+.1f} %"
+            if not c.pool_settings:
+                error += " (the KV settings it ran with are not in its log)"
+        else:
+            error = "—"
         found.append(
             {
                 "calibration": c,

@@ -7,7 +7,7 @@ import json
 import re
 
 from django.contrib.auth.decorators import login_required
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_http_methods
@@ -56,6 +56,7 @@ def profiles_import(request: HtmxHttpRequest) -> HttpResponse:
                 author=request.user.get_username(),
                 writable=lambda p: teams.may_write(request.user, p),
                 may_own=lambda t: teams.may_own(request.user, t),
+                source=f"the file {_file_name(request)}",
             )
         except exchange.ImportRefused as exc:
             form.add_error("document", f"Nothing was imported: {exc}")
@@ -63,3 +64,10 @@ def profiles_import(request: HtmxHttpRequest) -> HttpResponse:
             exchange.audit_import(report, actor=request.user, request=request)
             context["report"] = report
     return render(request, "nodes/profile_import.html", context)
+
+
+def _file_name(request: HttpRequest) -> str:
+    """The uploaded document's name as the browser sent it, cut and without control characters."""
+    upload = request.FILES.get("document")
+    name = getattr(upload, "name", "") or "?"
+    return "".join(c for c in str(name) if c.isprintable())[:100] or "?"

@@ -13,11 +13,12 @@ next). Without Redis it reads the database every half-second.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import re
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, cast
 
 import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
@@ -226,10 +227,38 @@ async def launch_events(request: HttpRequest, pk: int) -> HttpResponseBase:
         after = header if header is not None else _seq(request.GET.get("after"), "after") or 0
     except BadNumber as exc:
         return HttpResponse(str(exc), status=400)
-    response = StreamingHttpResponse(_events(pk, after, seen), content_type="text/event-stream")
+    limit = settings.RANKWISE_STREAMS_PER_USER
+    if _open_streams[user.pk] >= limit:
+        # A burst of reconnects or a script must not hold the panel's connections: each
+        # stream holds a Redis connection and a database poll until its client goes.
+        return HttpResponse(
+            f"You have {limit} live logs open already: close some tabs (a page follows one).",
+            status=429,
+            headers={"Retry-After": "5"},
+        )
+    events = _counted(user.pk, _events(pk, after, seen))
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response
+
+
+#: Live streams open now, by user id, in this panel process (asyncio: one thread touches it).
+_open_streams: collections.Counter[int] = collections.Counter()
+
+
+async def _counted(user_id: int, events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """``events``, counted in ``_open_streams`` while they run: the stream ends (and is
+    uncounted) when its client goes, Django cancelling it on the disconnect."""
+    _open_streams[user_id] += 1
+    try:
+        async for event in events:
+            yield event
+    finally:
+        _open_streams[user_id] -= 1
+        if _open_streams[user_id] <= 0:
+            del _open_streams[user_id]
+        await cast(Any, events).aclose()
 
 
 def _event(rows: list[Any]) -> str:

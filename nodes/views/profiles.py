@@ -73,7 +73,8 @@ def profile_list(request: HtmxHttpRequest) -> HttpResponse:
     gpu_class = request.GET.get("gpu_class", "")
     if wanted and node is None:
         gpu_class = "no such node"  # matches no stamp: the list says none is known-good there
-    stamps = KnownGoodStamp.objects.filter(revision__profile=OuterRef("pk"))
+    # Known-good here means earned here: an imported stamp filters and orders nothing.
+    stamps = KnownGoodStamp.objects.filter(revision__profile=OuterRef("pk"), imported_at=None)
     if node is not None:
         stamps = stamps.filter(node=node)
     if gpu_class:
@@ -95,7 +96,9 @@ def profile_list(request: HtmxHttpRequest) -> HttpResponse:
         "adhoc": adhoc[:50],
         "adhoc_count": adhoc.count(),
         "nodes": Node.objects.values_list("name", flat=True),
-        "gpu_classes": sorted({s.gpu_class for s in KnownGoodStamp.objects.all()}),
+        "gpu_classes": sorted(
+            {s.gpu_class for s in KnownGoodStamp.objects.filter(imported_at=None)}
+        ),
         "node": wanted,
         "gpu_class": request.GET.get("gpu_class", ""),
         "filtered": bool(wanted or gpu_class),

@@ -267,6 +267,9 @@ def test_export_then_import_into_an_empty_database_reproduces_profiles_revisions
     again = exchange.export(secrets=True)
     for exported in (doc, again):
         exported.pop("exported_at")
+    # The same, but for where the stamps came from: an imported stamp says so, and stays so.
+    (stamp,) = again["profiles"][0]["revisions"][0]["stamps"]
+    assert stamp.pop("imported_from").startswith("a document imported by cli (exported ")
     assert again == doc
     assert exchange.import_(doc, author="cli").skipped == ["kimi@1"]
     doc["profiles"][0]["revisions"][0]["args"] = TOO_BIG

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import subprocess
 import sys
@@ -289,3 +290,26 @@ def test_a_log_of_another_model_or_tp_size_does_not_calibrate(tmp_path):
         timeout=120,
     )
     assert refused.returncode == 2 and "TP1, not TP8" in refused.stderr, refused.stderr
+
+
+def test_a_run_under_other_kv_settings_is_not_compared_with_the_estimate(operator_client):
+    """Found by a newcomer: a launch with the automatic KV dtype against an fp8 revision's
+    estimate, shown as "+100.0 %". Token counts under other pool settings measure nothing."""
+    node = make_node("node-b", sglang_version="0.5.9")
+    Gpu.objects.filter(node=node).update(
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
+    )
+    revision = _s01_revision(node)
+    revision.args = [*revision.args, "--kv-cache-dtype", "fp8_e5m2"]
+    revision.save(update_fields=["args"])
+    args_line = (
+        "[2026-01-01 00:00:10] server_args=ServerArgs(model_path='/models/kimi-k2.5-int4', "
+        "kv_cache_dtype='auto', mem_fraction_static=0.93, max_total_tokens=None, tp_size=8)\n"
+    )
+    log = args_line + (S01 / "launch.log").read_text()
+    url = f"/launch-profiles/{revision.profile.pk}/calibrate/"
+    page = operator_client.post(url, {"log": log}, follow=True).content.decode()
+    assert Calibration.objects.get().pool_settings["kv_cache_dtype"] == "auto"
+    table = html.unescape(page[page.find("Calibration from") :])
+    assert "not compared: it ran with --kv-cache-dtype auto, this revision fp8_e5m2" in table
+    assert "+100.0 %" not in table and "-50.0 %" not in table

@@ -140,3 +140,32 @@ def test_the_audit_of_an_import_names_no_profile_and_each_profile_gets_its_own_e
     assert summary.after == {"created": 1, "skipped": 0, "conflicts": 0}
     entry = AuditEntry.objects.get(action="profile.imported")
     assert entry.object_repr == "open" and entry.after == {"revisions": ["@1"]}
+
+
+def test_a_stamp_that_comes_in_an_import_is_shown_imported_and_counts_for_nothing(
+    operator_client,
+):
+    """Found by a team lead: a hand-edited export marked any profile "known-good on sim-…"."""
+    node = make_node("gpu-09", sglang_version="0.5.9")
+    stamp = {
+        "node": "gpu-09", "gpu_name": "NVIDIA H200", "gpu_count": 8,
+        "gpu_memory_bytes": 96 * 2**30, "stamped_at": "2026-12-01T10:00:00+00:00",
+        "healthy_seconds": 3600, "launched_by": "nobody",
+    }  # fmt: skip
+    doc = _doc("forged", ["--model-path", "/m"])
+    doc["exported_at"] = "2026-12-01T11:00:00+00:00"
+    doc["profiles"][0]["revisions"][0]["stamps"] = [stamp]
+    _upload(operator_client, doc)
+    forged = LaunchProfile.objects.get(name="forged")
+    page = html.unescape(
+        operator_client.get(reverse("nodes:profile-detail", args=[forged.pk])).content.decode()
+    )
+    assert "known-good</span>" not in page and "imported</span>" in page
+    assert "from the file x.json imported by " in page and "exported 2026-12-01T11:00" in page
+    # Known-good on that node (or its GPU class) lists nothing: nothing was earned here.
+    listed = operator_client.get(reverse("nodes:profile-list"), {"node": node.name})
+    assert "forged" not in listed.content.decode()
+    # An export carries where it came from, so it stays imported wherever it goes next.
+    exported = json.loads(operator_client.get(reverse("nodes:profiles-export")).content)
+    (entry,) = exported["profiles"][0]["revisions"][0]["stamps"]
+    assert entry["imported_from"].startswith("the file x.json imported by ")
