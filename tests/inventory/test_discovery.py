@@ -246,6 +246,9 @@ def test_profile_geometry_is_read_from_the_node(sim_fleet):
     from nodes.services.profiles import evaluate
 
     sim = sim_fleet["incident"]
+    # Its GPUs must be empty for the device pool's arithmetic: another test may have left a
+    # server or held memory on this node (seen in a full run: the pool was not estimated).
+    sim.make_clean()
     node = register_sim_node(sim)
     discovery.discover(node.pk)
     node.refresh_from_db()
