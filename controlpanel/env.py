@@ -51,6 +51,18 @@ def env_list(name: str, default: str) -> list[str]:
     return [item.strip() for item in env_str(name, default).split(",") if item.strip()]
 
 
+def env_file(name: str) -> str:
+    """The contents of the file ``NAME`` names (stripped), ``""`` when unset; raises
+    ``ImproperlyConfigured`` naming the variable when the file cannot be read."""
+    file_name = os.environ.get(name)
+    if not file_name:
+        return ""
+    try:
+        return Path(file_name).read_text().strip()
+    except OSError as exc:
+        raise ImproperlyConfigured(f"{name}={file_name!r} cannot be read: {exc}") from None
+
+
 def env_secret(name: str, state_dir: Path, generate: Callable[[], str]) -> str:
     """Return a secret from ``NAME``, else from the file named by ``NAME_FILE``.
 

@@ -18,6 +18,7 @@ from dotenv import load_dotenv
 
 from controlpanel.env import (
     env_bool,
+    env_file,
     env_int,
     env_list,
     env_secret,
@@ -217,6 +218,16 @@ RANKWISE_STOP_RETRY_SECONDS = env_int("RANKWISE_STOP_RETRY_SECONDS", 5)
 # Teams with an e-mail address are also e-mailed their launch events from this address (Django's
 # EMAIL_* settings say how); empty: no e-mail, webhooks only.
 RANKWISE_NOTIFY_EMAIL_FROM = env_str("RANKWISE_NOTIFY_EMAIL_FROM", "")
+# The mail server it goes through (Django's SMTP settings); the password also from a file
+# (EMAIL_HOST_PASSWORD_FILE), as a secret is best kept out of the environment.
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "") or env_file("EMAIL_HOST_PASSWORD_FILE")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL: set one of them, not both")
 # A revision is stamped known-good on a node once a launch of it stayed healthy this long.
 RANKWISE_KNOWN_GOOD_SECONDS = env_int("RANKWISE_KNOWN_GOOD_SECONDS", 600)
 # How often host RAM and GPU memory are sampled while a launch starts (its memory timeline).

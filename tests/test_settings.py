@@ -162,3 +162,24 @@ def test_celery_broker_is_the_real_redis():
     assert settings.CELERY_BROKER_URL == settings.REDIS_URL
     with app.connection_for_write() as connection:
         connection.ensure_connection(max_retries=1)
+
+
+def test_the_mail_server_comes_from_the_environment_and_its_password_from_a_file(tmp_path):
+    """Found by a newcomer: the docs told them to set Django's EMAIL_* settings, which the
+    settings never read."""
+    secret = tmp_path / "smtp-password"
+    secret.write_text("s3cret\n")
+    shown = _settings_in_subprocess(
+        tmp_path,
+        "s.EMAIL_HOST, s.EMAIL_PORT, s.EMAIL_HOST_USER, s.EMAIL_HOST_PASSWORD, s.EMAIL_USE_TLS",
+        EMAIL_HOST="smtp.example.net",
+        EMAIL_PORT="587",
+        EMAIL_HOST_USER="rankwise",
+        EMAIL_HOST_PASSWORD_FILE=str(secret),
+        EMAIL_USE_TLS="true",
+    )
+    assert shown == "('smtp.example.net', 587, 'rankwise', 's3cret', True)"
+    both = _run_settings(tmp_path, "s.DEBUG", EMAIL_USE_TLS="true", EMAIL_USE_SSL="true")
+    assert both.returncode != 0 and "set one of them, not both" in both.stderr
+    missing = _run_settings(tmp_path, "s.DEBUG", EMAIL_HOST_PASSWORD_FILE=str(tmp_path / "none"))
+    assert missing.returncode != 0 and "EMAIL_HOST_PASSWORD_FILE=" in missing.stderr
