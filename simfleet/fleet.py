@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -463,32 +464,43 @@ class Fleet:
             raise FleetError(
                 f"GPU {gpu} of {name} has {spec.gpu_memory_bytes:,} bytes; cannot hold {size:,}"
             )
-        subprocess.Popen(
-            [
-                "nsenter",
-                "-t",
-                str(pid),
-                "-m",
-                "-p",
-                "-u",
-                "-n",
-                "--",
-                NODE_PYTHON,
-                "-m",
-                "simnode.hold",
-                "--gpu",
-                str(gpu),
-                "--bytes",
-                str(size),
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
         holds = os.path.join(self.node_dir(name), "holds")
         before = set(os.listdir(holds))
-        _wait(lambda: set(os.listdir(holds)) - before, 10, "the holding process did not start")
+        with tempfile.TemporaryFile() as errors:
+            holder = subprocess.Popen(
+                [
+                    "nsenter",
+                    "-t",
+                    str(pid),
+                    "-m",
+                    "-p",
+                    "-u",
+                    "-n",
+                    "--",
+                    NODE_PYTHON,
+                    "-m",
+                    "simnode.hold",
+                    "--gpu",
+                    str(gpu),
+                    "--bytes",
+                    str(size),
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=errors,
+                start_new_session=True,
+            )
+            # Until it has registered, or has died saying why (a loaded machine starts a Python
+            # process inside a namespace in seconds, not always in ten).
+            deadline = time.monotonic() + 120
+            while not set(os.listdir(holds)) - before:
+                if holder.poll() is not None:
+                    errors.seek(0)
+                    said = errors.read().decode(errors="replace").strip()[-500:]
+                    raise FleetError(f"the holding process exited {holder.returncode}: {said}")
+                if time.monotonic() > deadline:
+                    raise FleetError("the holding process did not register within 120 s")
+                time.sleep(0.05)
 
     def load(self, name: str, port: int, **load: Any) -> dict[str, Any]:
         """Drive a bounded load (``simfleet.load.drive``'s arguments) at the server on ``port``
