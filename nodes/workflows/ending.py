@@ -150,21 +150,26 @@ def _stop_one(
     return _attempt_stop(launch, token, retries, waiting or [])
 
 
+def _back_from_stopping(launch: Launch, reason: str) -> None:
+    """A stop that did not happen: the launch gets back the status it had, saying why."""
+    launch_state.transition(
+        launch.pk,
+        launch.resume_status or LaunchStatus.READY,
+        frm=[LaunchStatus.STOPPING],
+        actor_name=launch.stop_by or "panel",
+        reason=reason,
+        stop_token="",
+        stop_beat=None,
+    )
+
+
 def _group_stop_failed(launch: Launch, failed: list[StopOutcome]) -> StopOutcome:
     """Another node's stop failed for good: node 0's launch is left running as it was (its
     stop is not done either), and its reason names the node whose stop failed."""
     names = ", ".join(o.launch.node.name for o in failed)
     why = f"stop failed on {names}: {failed[0].error}"
     if launch.status == LaunchStatus.STOPPING:  # a stop of it had begun (a retry's)
-        launch_state.transition(
-            launch.pk,
-            launch.resume_status or LaunchStatus.READY,
-            frm=[LaunchStatus.STOPPING],
-            actor_name=launch.stop_by or "panel",
-            reason=why,
-            stop_token="",
-            stop_beat=None,
-        )
+        _back_from_stopping(launch, why)
     else:
         Launch.objects.filter(pk=launch.pk).exclude(status__in=LAUNCH_ENDED).update(reason=why)
     launch.refresh_from_db()
@@ -299,15 +304,7 @@ def _stop_not_done(
         f"stop failed after {attempt} attempt{'s' if attempt > 1 else ''}: {why}; "
         "the server may still be running"
     )
-    launch_state.transition(
-        launch.pk,
-        launch.resume_status or LaunchStatus.READY,
-        frm=[LaunchStatus.STOPPING],
-        actor_name=launch.stop_by or "panel",
-        reason=failed,
-        stop_token="",
-        stop_beat=None,
-    )
+    _back_from_stopping(launch, failed)
     record(
         "launch.stop_failed",
         actor=None,
