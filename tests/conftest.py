@@ -46,10 +46,13 @@ FLEET_SPEC = {
             "speed": 8,
         },
         {
+            # The incident's node with the incident's aftermath: OOM-killed ranks leave their
+            # GPU memory held with no process.
             "name": "leaky",
-            "gpus": 2,
-            "gpu_memory": "80GiB",
-            "host_ram": "200GB",
+            "gpus": 8,
+            "gpu_memory": "96GiB",
+            "host_ram": "449GB",
+            "sglang_version": "0.5.9",
             "faults": ["leak-on-crash"],
             "speed": 8,
         },

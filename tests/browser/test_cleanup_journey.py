@@ -14,9 +14,10 @@ from tests.factories import make_user
 from tests.fleet import wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
-HOSTILE = (
-    "python3 -m sglang.launch_server --model-path /srv/models/qwen2.5-7b --tp-size 2 "
-    "--mem-fraction-static 0.5 --enable-hierarchical-cache --hicache-size 150"
+# The incident, forced past pre-flight on the node with the incident's aftermath (leak-on-crash).
+INCIDENT = (
+    "python3 -m sglang.launch_server --model-path /srv/models/kimi-k2 --tp-size 8 "
+    "--mem-fraction-static 0.93 --enable-hierarchical-cache --hicache-size 300 --trust-remote-code"
 )
 
 
@@ -29,7 +30,7 @@ def test_clean_up_a_failed_launch_then_see_the_quarantine_on_the_node(
     discovery.discover(node.pk)
     olga = make_user("olga", "operator")
     failed = launching.submit(
-        node=node, command=HOSTILE, actor=olga, overrides={"budget": "the incident, on purpose"}
+        node=node, command=INCIDENT, actor=olga, overrides={"budget": "the incident, on purpose"}
     )
     wait_until(
         lambda: (row := Launch.objects.get(pk=failed.pk)).status == "failed" and row.log_complete,
@@ -39,10 +40,10 @@ def test_clean_up_a_failed_launch_then_see_the_quarantine_on_the_node(
     try:
         log_in(page, panel.url, "olga")
         page.goto(f"{panel.url}/launches/{failed.pk}/")
-        expect(page.locator(".held-gpus")).to_contain_text("Memory is still held on GPU 0")
+        expect(page.locator(".held-gpus")).to_contain_text("Memory is still held on GPUs 0, 1, 2")
         page.get_by_role("link", name="Clean up GPUs").click()
 
-        # GPU 0's memory stayed with no process (TP0 died by SIGKILL, hung on its dead peer).
+        # GPU memory stayed with no process: the ranks the OOM killer took, and TP0 (SIGKILL).
         expect(page.locator("#gpu-holders tr[data-gpu='0'] strong")).to_contain_text("GiB")
         page.get_by_label("Kill the launch's processes and recover these GPUs").check()
         page.get_by_role("button", name="Clean up").click()
@@ -55,7 +56,7 @@ def test_clean_up_a_failed_launch_then_see_the_quarantine_on_the_node(
         expect(page.locator(".verdict")).to_contain_text("reboot")
 
         page.get_by_role("link", name="leaky").first.click()
-        expect(page.locator(".quarantine")).to_have_count(1)
+        expect(page.locator(".quarantine")).to_have_count(8)
         expect(page.locator(".quarantine").first).to_contain_text("driver reload or a reboot")
         expect(page.locator("#gpu-holders")).to_contain_text("quarantined")
     finally:

@@ -7,7 +7,7 @@ import paramiko
 import pytest
 
 from tests.fleet import simfleet, wait_until
-from tests.simfleet.test_sglang_standin import health, start
+from tests.simfleet.test_sglang_standin import INCIDENT, health, start
 
 QWEN = "--model-path /srv/models/qwen2.5-7b --tp-size 2"
 
@@ -24,22 +24,46 @@ def _ram_used(node) -> int:
 def test_leak_on_crash_keeps_memory_held_with_no_process_until_reboot(sim_fleet):
     node = sim_fleet["leaky"]
     node.reboot()
-    start(node, QWEN + " --mem-fraction-static 0.5 --enable-hierarchical-cache --hicache-size 40")
-    assert wait_until(lambda: health(node) == "200", 40)
+    start(node, QWEN + " --mem-fraction-static 0.5 --enable-hierarchical-cache --hicache-size 60")
+    assert wait_until(lambda: health(node) == "200", 40), node.ok("tail -20 /root/server.log")
     idle = 4
-    assert all(used > 10_000 for used in _gpu_used_mib(node))
+    assert all(used > 10_000 for used in _gpu_used_mib(node)[:2])
     # The server dies hard (the operator kills everything with SIGKILL).
     node.ok("pkill -KILL -f '^sglang::'; true")
     assert wait_until(lambda: "sglang" not in node.ok("ps -eo args="), 10)
-    assert all(used > 10_000 for used in _gpu_used_mib(node))
+    assert all(used > 10_000 for used in _gpu_used_mib(node)[:2])
     assert node.ok("nvidia-smi --query-compute-apps=pid --format=csv,noheader").strip() == ""
     assert node.ok("fuser /dev/nvidia0 /dev/nvidia1 2>&1; true").strip() == ""
-    assert _ram_used(node) > 2 * 40 * 10**9
+    assert _ram_used(node) > 2 * 60 * 10**9
     status, out, _ = node.run("nvidia-smi --gpu-reset -i 0")
     assert status != 0 and "not supported" in out
     node.reboot()
-    assert _gpu_used_mib(node) == [idle, idle]
+    assert _gpu_used_mib(node) == [idle] * 8
     assert _ram_used(node) < 5 * 10**9
+
+
+def test_leak_on_crash_the_ranks_the_oom_killer_takes_leave_their_gpu_memory(sim_fleet):
+    """The incident's own death path: ranks the kernel OOM-kills while they pin their HiCache
+    pools leave their GPU memory behind with no process, and the kernel says so."""
+    node = sim_fleet["leaky"]
+    node.reboot()
+    start(node, INCIDENT)
+    # 0.5.9's launcher waits on its dead ranks (until NCCL's timeout), so the survivors stay.
+    assert wait_until(lambda: "Out of memory: Killed process" in node.ok("dmesg"), 60)
+
+    def orphaned() -> list[str]:
+        used = node.ok("nvidia-smi --query-gpu=index,memory.used,uuid --format=csv,noheader")
+        apps = node.ok("nvidia-smi --query-compute-apps=gpu_uuid --format=csv,noheader")
+        return [
+            index
+            for index, mib, uuid in (line.split(", ") for line in used.splitlines())
+            if int(mib.split()[0]) > 80_000 and uuid not in apps
+        ]
+
+    assert wait_until(orphaned, 20), node.ok("nvidia-smi; ps -eo pid,args")
+    killed = node.ok("dmesg | grep -c 'Out of memory: Killed process'").strip()
+    assert 1 <= len(orphaned()) <= int(killed)
+    node.reboot()
 
 
 def test_without_the_fault_a_killed_server_gives_memory_back(sim_fleet):

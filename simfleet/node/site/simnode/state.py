@@ -2,7 +2,8 @@
 
 Each process that takes memory keeps one JSON file ``ledger/<pid>.json``; a process that dies
 without releasing frees its memory, except under the ``leak-on-crash`` fault when it was killed by
-a dying server (the entry moves to ``leaked/`` and stays until reboot). ``/proc/meminfo`` inside the
+a dying server (the entry moves to ``leaked/`` and stays until reboot) or by the OOM killer (its
+GPU memory stays in ``leaked/``; the kernel takes its host pages back). ``/proc/meminfo`` inside the
 node is a bind mount of ``meminfo``, regenerated in place whenever the ledger changes, the way LXCFS
 presents a container's memory.
 """
@@ -337,7 +338,14 @@ def _oom_kill(victim: dict[str, Any]) -> None:
         f"anon-rss:{rss_kb}kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:{rss_kb // 512}kB "
         "oom_score_adj:0"
     )
-    # The kernel takes the memory back from an OOM-killed process, leak fault or not.
+    # The kernel takes the host memory back from an OOM-killed process, leak fault or not. Under
+    # the fault the driver cannot tear down the dead rank's CUDA context, so its device memory
+    # stays held with no process: the incident's two GPUs (~96 GB each) after every process was
+    # gone. This is the rank's own death path, not only a SIGKILL from outside.
+    if victim.get("leak") and has_fault("leak-on-crash") and victim.get("gpu"):
+        _write_json(
+            path("leaked", f"{pid}-{victim.get('start', 0)}.json"), {**victim, "host_bytes": 0}
+        )
     with contextlib.suppress(FileNotFoundError):
         os.unlink(_entry_path(pid))
     with contextlib.suppress(ProcessLookupError):
