@@ -453,12 +453,15 @@ class Stream:
         self._channel.close()
 
 
-def stream(client: paramiko.SSHClient, argv: list[str]) -> Stream:
-    """Start ``argv`` on the node and return its stdout as a ``Stream`` (stderr is dropped)."""
+def stream(client: paramiko.SSHClient, argv: list[str], stdin: bytes | None = None) -> Stream:
+    """Start ``argv`` on the node (``stdin`` sent first, then closed) and return its stdout as
+    a ``Stream`` (stderr is dropped)."""
     try:
         channel = client.get_transport().open_session(timeout=COMMAND_TIMEOUT_S)  # type: ignore[union-attr]
         channel.set_combine_stderr(False)
         channel.exec_command(quote(argv))
+        if stdin is not None:
+            channel.sendall(stdin)
         channel.shutdown_write()
     except (paramiko.SSHException, OSError, EOFError) as exc:
         raise RemoteError("unreachable", f"could not start {argv[0]}: {exc}") from None

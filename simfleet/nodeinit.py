@@ -87,7 +87,19 @@ def build_usr_local(config: dict[str, object]) -> None:
     mount("-t", "tmpfs", "-o", "mode=755,size=16m", "usrlocal", "/usr/local")
     os.makedirs(DIST)
     os.makedirs("/usr/local/bin")
-    mount("--bind", "-o", "ro", SITE, DIST)
+    if "no-pynvml" in config["faults"]:  # type: ignore[operator]
+        # The node's Python has no pynvml: every module of the site but that one.
+        for name in sorted(os.listdir(SITE)):
+            if name == "pynvml.py" or name.startswith(("__pycache__", ".")):
+                continue
+            source, target = os.path.join(SITE, name), os.path.join(DIST, name)
+            if os.path.isdir(source):
+                os.makedirs(target)
+            else:
+                open(target, "w").close()
+            mount("--bind", "-o", "ro", source, target)
+    else:
+        mount("--bind", "-o", "ro", SITE, DIST)
     tools = {"dmesg": "simnode.dmesg"}
     if "no-driver" not in config["faults"]:  # type: ignore[operator]
         tools["nvidia-smi"] = "simnode.nvidia_smi"

@@ -9,7 +9,7 @@ from typing import Any
 
 from simfleet.sizes import parse_size
 
-FAULTS = ("leak-on-crash", "no-nvml", "no-driver", "stuck-on-kill")
+FAULTS = ("leak-on-crash", "no-nvml", "no-pynvml", "no-driver", "stuck-on-kill")
 SGLANG_VERSIONS = ("0.4.10.post2", "0.5.2", "0.5.9", "0.5.23")
 
 

@@ -58,6 +58,8 @@ FLEET_SPEC = {
         },
         {"name": "no-nvml", "gpus": 2, "faults": ["no-nvml"], "cgroup_limit": "100GB", "speed": 8},
         {"name": "no-driver", "gpus": 2, "faults": ["no-driver"], "speed": 8},
+        # A driver but no nvidia-ml-py in the node's Python: the panel sends its own pynvml.
+        {"name": "bare", "gpus": 2, "faults": ["no-pynvml"], "speed": 8},
         {
             "name": "stuck",
             "gpus": 2,

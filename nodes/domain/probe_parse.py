@@ -51,6 +51,14 @@ class NodeFacts:
 
     gpus: tuple[GpuFacts, ...] = ()
     gpu_source: str | None = None  # "nvml" or "nvidia-smi"
+    # Which answered and why, in words: NVML through which pynvml, or nvidia-smi and NVML's
+    # error (``gpu_reading_words``).
+    gpu_reading: str | None = None
+    # The pynvml module the agent used: "node" (the node's own), "panel" (nvidia-ml-py sent by
+    # the panel, nodes/remote/shipped.py) or None (none could be imported); its version.
+    pynvml_from: str | None = None
+    pynvml_version: str | None = None
+    nvml_error: str | None = None  # NVML's own words when it did not answer
     driver_version: str | None = None
     cuda_version: str | None = None
     host_ram_bytes: int | None = None
@@ -136,6 +144,8 @@ def parse_probe(text: str) -> NodeFacts:
         driver = _smi_driver(doc["nvidia_smi"]["gpu_csv"])
         notes.append(f"NVML unavailable ({errors.get('nvml')}); GPU facts from nvidia-smi")
     gpus = _with_owners(gpus, doc.get("process_info") or {})
+    module: dict[str, Any] = doc.get("pynvml") or {}
+    reading = gpu_reading_words(source, module, errors.get("nvml"))
     if source is None:
         problems.append(
             "GPUs not detected: "
@@ -152,6 +162,10 @@ def parse_probe(text: str) -> NodeFacts:
     return NodeFacts(
         gpus=gpus,
         gpu_source=source,
+        gpu_reading=reading,
+        pynvml_from=module.get("from"),
+        pynvml_version=module.get("version"),
+        nvml_error=errors.get("nvml"),
         driver_version=driver,
         cuda_version=cuda,
         host_ram_bytes=meminfo.get("MemTotal"),
@@ -257,6 +271,28 @@ def parse_smi(
         except (IndexError, ValueError):
             raise ProbeError(f"unexpected nvidia-smi row: {line[:120]!r}") from None
     return tuple(gpus)
+
+
+def gpu_reading_words(source: str | None, module: dict[str, Any], nvml_error: str | None) -> str:
+    """Which source answered for the GPUs and why, e.g. ``NVML, through nvidia-ml-py 13.615.71
+    sent by the panel (the node's Python has no pynvml)`` or ``nvidia-smi: NVML did not answer
+    (NVMLError_LibraryNotFound: NVML Shared Library Not Found, through …)``.
+
+    ``module`` is the agent's ``pynvml`` answer: ``from`` ("node", "panel" or None), ``version``.
+    """
+    version = module.get("version")
+    if module.get("from") == "panel":
+        through = f"nvidia-ml-py {version} sent by the panel (the node's Python has no pynvml)"
+    elif module.get("from") == "node":
+        through = "the node's pynvml" + (f" (nvidia-ml-py {version})" if version else "")
+    else:
+        through = "no pynvml: the node's Python has none and the panel sent none"
+    if source == "nvml":
+        return f"NVML, through {through}"
+    why = nvml_error or "no reason given"
+    if source == "nvidia-smi":
+        return f"nvidia-smi: NVML did not answer ({why}; through {through})"
+    return f"neither NVML ({why}; through {through}) nor nvidia-smi answered"
 
 
 def _smi_driver(gpu_csv: str) -> str | None:

@@ -4,6 +4,10 @@ is installed on the node and stdin stays free for a request that holds secrets, 
 show in the node's process list). Each command prints one JSON document on its last line of
 output, except ``watch``, which prints one per change; ``nodes/remote/client.py`` reads them.
 
+``python3 -c SOURCE --pynvml COMMAND …``: stdin carries the panel's copy of nvidia-ml-py's
+``pynvml.py`` (``nodes/remote/shipped.py``), imported only when the node's Python has no
+``pynvml`` of its own; every answer that read NVML says which module answered (``pynvml``).
+
 Commands:
   probe [--live] PYTHON    GPUs (NVML, the ``pynvml`` module of nvidia-ml-py; ``nvidia-smi``
                            CSV when NVML is unusable), the PIDs' names, users and launches, the
@@ -261,10 +265,58 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+#: The panel's pynvml.py as it arrived on stdin (``--pynvml``): a JSON header line, then zlib.
+_SHIPPED: list[bytes] = []
+#: Which module answered for NVML: ``{"from": "node" | "panel" | None, "version", "sha256"}``.
+PYNVML: dict[str, Any] = {}
+
+
+def _import_pynvml() -> Any:
+    """The node's own ``pynvml``, else the panel's copy of nvidia-ml-py's (when sent); raises
+    ImportError (and says so in ``PYNVML``) when there is neither."""
+    try:
+        import pynvml  # type: ignore[import-not-found,unused-ignore]
+    except ImportError as exc:
+        if not _SHIPPED:
+            PYNVML.update({"from": None, "error": str(exc)})
+            raise
+    else:
+        PYNVML.update({"from": "node", "version": _installed_version()})
+        return pynvml
+    import hashlib
+    import types
+    import zlib
+
+    head, _, packed = _SHIPPED[0].partition(b"\n")
+    header = json.loads(head)
+    source = zlib.decompress(packed)
+    module = types.ModuleType("pynvml")
+    module.__file__ = f"pynvml.py (nvidia-ml-py {header['version']}, sent by the panel)"
+    # nvidia-ml-py looks itself up in sys.modules while it loads (its error classes).
+    sys.modules["pynvml"] = module
+    exec(compile(source, module.__file__, "exec"), module.__dict__)
+    PYNVML.update(
+        {
+            "from": "panel",
+            "version": header["version"],
+            "sha256": hashlib.sha256(source).hexdigest(),
+        }
+    )
+    return module
+
+
+def _installed_version() -> str | None:
+    try:
+        from importlib.metadata import version  # Python 3.8+
+
+        return version("nvidia-ml-py")
+    except Exception:  # older Python, or pynvml from elsewhere (the old "pynvml" package)
+        return None
+
+
 def nvml() -> dict[str, object]:
     """GPUs and their processes through NVML, or raise with NVML's own words."""
-    import pynvml  # type: ignore[import-not-found,unused-ignore]
-
+    pynvml = _import_pynvml()
     pynvml.nvmlInit()
     try:
         gpus: list[dict[str, object]] = []
@@ -442,6 +494,8 @@ def probe(args: list[str]) -> dict[str, Any]:
         doc["nvml"] = nvml()
     except Exception as exc:  # NVML missing or failing: say why, then try nvidia-smi
         errors["nvml"] = f"{type(exc).__name__}: {exc}"
+    doc["pynvml"] = PYNVML
+    if "nvml" not in doc:
         try:
             doc["nvidia_smi"] = smi()
         except Exception as exc2:
@@ -745,8 +799,7 @@ class _GpuMemory:
 
     def __init__(self) -> None:
         try:
-            import pynvml  # type: ignore[import-not-found,unused-ignore]
-
+            pynvml = _import_pynvml()
             pynvml.nvmlInit()
             self.nvml: Any = pynvml
             self.handles = [
@@ -1120,6 +1173,9 @@ COMMANDS: dict[str, Callable[[list[str]], Any]] = {
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--pynvml"]:
+        _SHIPPED.append(sys.stdin.buffer.read())
+        argv = argv[1:]
     if not argv or argv[0] not in COMMANDS:
         raise SystemExit(f"unknown command {argv[0] if argv else ''!r}: {', '.join(COMMANDS)}")
     doc = COMMANDS[argv[0]](argv[1:])

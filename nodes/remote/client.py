@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -22,6 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from nodes import ssh
 from nodes.domain.probe_parse import NodeFacts, ProbeError, parse_probe
 from nodes.domain.redact import mask_assignments
+from nodes.remote import shipped
 
 AGENT = (Path(__file__).resolve().parent / "agent.py").read_text()
 #: A process as the agent reads it from /proc (``pid``, ``ppid``, ``state``, ``pgid``, ``sid``,
@@ -251,23 +253,81 @@ def _call(
     return _answer(kind, result.stdout, f"the node agent's {command}")
 
 
-def probe(
-    conn: ssh.Connection, python: str, *, live: bool = False, timeout: float = 60
-) -> NodeFacts:
-    """The node's GPUs, memory and (unless ``live``) SGLang under ``python``, parsed."""
-    argv = ["python3", "-c", AGENT, "probe", *(["--live"] if live else []), python]
-    result = ssh.run(conn, argv, timeout=timeout, check=False)
+#: Nodes (address, port, user) whose python3 had no ``pynvml`` when this process last asked:
+#: their NVML readings go with the panel's copy from then on (one extra round trip per node
+#: and worker process, instead of 50 kB on every heartbeat of every node).
+_WITHOUT_PYNVML: set[tuple[Any, ...]] = set()
+
+
+def _node_key(conn: ssh.Connection) -> tuple[Any, ...]:
+    transport = conn.get_transport()
+    if transport is None:
+        return ()
+    return (*transport.getpeername()[:2], transport.get_username())
+
+
+def _agent(
+    conn: ssh.Connection, command: str, *args: str, pynvml: bool | None = None
+) -> tuple[list[str], bytes | None]:
+    """The agent's argv for ``command`` and its stdin: the panel's pynvml.py (``--pynvml``)
+    when ``pynvml`` is true, or (None) when this node is known to lack its own."""
+    send = _node_key(conn) in _WITHOUT_PYNVML if pynvml is None else pynvml
+    module = shipped.pynvml() if send else None
+    if module is None:
+        return ["python3", "-c", AGENT, command, *args], None
+    return ["python3", "-c", AGENT, "--pynvml", command, *args], module.payload
+
+
+def _lacks_pynvml(facts: NodeFacts | None) -> bool:
+    return bool(facts and facts.pynvml_from is None and facts.nvml_error)
+
+
+def _read_nvml(
+    conn: ssh.Connection,
+    command: str,
+    args: list[str],
+    timeout: float,
+    read: Callable[[ssh.Result], tuple[T, NodeFacts | None]],
+) -> T:
+    """Run an agent ``command`` that reads NVML and parse it with ``read(result)`` (which gives
+    ``(answer, facts)``); when the node turns out to have no ``pynvml`` and the panel's copy was
+    not sent, remember the node and ask once more with it."""
+    argv, stdin = _agent(conn, command, *args)
+    result = ssh.run(conn, argv, stdin=stdin, timeout=timeout, check=False)
+    answer, facts = read(result)
+    if stdin is None and _lacks_pynvml(facts) and shipped.pynvml() is not None:
+        _WITHOUT_PYNVML.add(_node_key(conn))
+        argv, stdin = _agent(conn, command, *args, pynvml=True)
+        answer, _ = read(ssh.run(conn, argv, stdin=stdin, timeout=timeout, check=False))
+    return answer
+
+
+def _no_python(result: ssh.Result) -> None:
     if result.exit_status == 127:
         raise ssh.RemoteError(
             "command_failed", "python3 is not installed on the node", exit_status=127
         )
-    try:
-        return parse_probe(result.stdout)
-    except ProbeError as exc:
-        tail = result.stderr.strip().splitlines()[-1:] or [""]
-        raise ssh.RemoteError(
-            "command_failed", f"the probe failed: {exc} {tail[0]}".strip()
-        ) from None
+
+
+def probe(
+    conn: ssh.Connection, python: str, *, live: bool = False, timeout: float = 60
+) -> NodeFacts:
+    """The node's GPUs, memory and (unless ``live``) SGLang under ``python``, parsed. NVML is
+    read through the node's ``pynvml``, or the panel's nvidia-ml-py where it has none."""
+
+    def read(result: ssh.Result) -> tuple[NodeFacts, NodeFacts | None]:
+        _no_python(result)
+        try:
+            facts = parse_probe(result.stdout)
+        except ProbeError as exc:
+            tail = result.stderr.strip().splitlines()[-1:] or [""]
+            raise ssh.RemoteError(
+                "command_failed", f"the probe failed: {exc} {tail[0]}".strip()
+            ) from None
+        return facts, facts
+
+    args = [*(["--live"] if live else []), python]
+    return _read_nvml(conn, "probe", args, timeout, read)
 
 
 def model_folder(conn: ssh.Connection, path: str, stamp: str | None = None) -> ModelFolder:
@@ -293,12 +353,13 @@ def prepare(
     ``model_path`` (``unchanged`` when ``stamp`` still holds) and which of ``ports`` are taken.
     Raises ``ssh.RemoteError``."""
     argv = [folder, python, model_path or "-", stamp or "-", *map(str, ports)]
-    result = ssh.run(conn, ["python3", "-c", AGENT, "prepare", *argv], timeout=60, check=False)
-    if result.exit_status == 127:
-        raise ssh.RemoteError(
-            "command_failed", "python3 is not installed on the node", exit_status=127
-        )
-    found = parse_prepared(result.stdout, result.stderr, result.exit_status)
+
+    def read(result: ssh.Result) -> tuple[Prepared, NodeFacts | None]:
+        _no_python(result)
+        found = parse_prepared(result.stdout, result.stderr, result.exit_status)
+        return found, found.facts
+
+    found = _read_nvml(conn, "prepare", argv, 60, read)
     return replace(found, ports=tuple(ports))
 
 
@@ -401,8 +462,11 @@ class Watch:
     command instead of a status command a second."""
 
     def __init__(self, conn: ssh.Connection, folder: str, interval: float, beat: float):
-        argv = ["python3", "-c", AGENT, "watch", folder, str(interval), str(beat)]
-        self._stream = ssh.stream(conn, argv)
+        # The panel's pynvml goes along where the node has none: the watch's GPU memory
+        # readings are NVML's (once per watch, so always sent where this process has not
+        # probed the node yet; the agent imports it only when the node lacks its own).
+        argv, stdin = _agent(conn, "watch", folder, str(interval), str(beat), pynvml=True)
+        self._stream = ssh.stream(conn, argv, stdin=stdin)
         self._buffer = b""
         self._heard = time.monotonic()
         self.latest: GroupStatus | None = None

@@ -29,9 +29,17 @@ class Inspection:
     host: dict[str, Any]
     holders: list[gh.Holder]
     groups: dict[int, int]  # process group → launch id, from the node's launch folders
+    # Which source answered for the GPUs ("nvml", "nvidia-smi" or None) and why, in words.
+    source: str | None = None
+    reading: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"gpus": [g.to_json() for g in self.gpus], "host": self.host}
+        return {
+            "gpus": [g.to_json() for g in self.gpus],
+            "host": self.host,
+            "source": self.source,
+            "reading": self.reading,
+        }
 
     def gpu(self, index: int) -> gh.GpuState | None:
         return next((g for g in self.gpus if g.index == index), None)
@@ -68,6 +76,8 @@ def inspect(node: Node, *, launch: Launch | None = None) -> Inspection:
         host=gh.host_state(raw.meminfo, raw.shm_files, before),
         holders=found,
         groups=groups,
+        source=facts.gpu_source,
+        reading=facts.gpu_reading,
     )
 
 

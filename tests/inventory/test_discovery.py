@@ -14,7 +14,7 @@ import pytest
 from nodes import ssh
 from nodes.models import Node, NodeEvent
 from nodes.workflows import discovery
-from tests.conftest import TEST_REDIS_URL, register_sim_node
+from tests.conftest import TEST_REDIS_URL, manage_py, register_sim_node
 from tests.fleet import simfleet
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -50,6 +50,55 @@ def test_nvml_missing_falls_back_to_nvidia_smi_and_says_so(sim_fleet):
     assert "NVML Shared Library Not Found" in facts.notes[0]
     assert node.status == "ready"
     assert node.facts["cgroup_limit_bytes"] == 100 * 10**9
+
+
+def test_a_node_without_pynvml_gets_the_panels_nvidia_ml_py_with_the_agent(sim_fleet, settings):
+    """The node's Python has no pynvml: the agent imports the panel's nvidia-ml-py (this very
+    distribution, by version and by the digest of the file that ran). A simulated node has no
+    NVML library, so nvidia-ml-py's own loader fails and nvidia-smi answers, saying why."""
+    import hashlib
+    import importlib.metadata
+
+    from nodes.remote import client, shipped
+
+    sim = sim_fleet["bare"]
+    status, _, _ = sim.run("python3 -c 'import pynvml'")
+    assert status != 0  # the node really has none
+    node = register_sim_node(sim)
+    facts = discovery.discover(node.pk)
+    version = importlib.metadata.version("nvidia-ml-py")
+    assert facts.pynvml_from == "panel" and facts.pynvml_version == version
+    assert facts.gpu_source == "nvidia-smi" and len(facts.gpus) == 2
+    assert facts.nvml_error == "NVMLError_LibraryNotFound: NVML Shared Library Not Found"
+    assert facts.gpu_reading == (
+        "nvidia-smi: NVML did not answer (NVMLError_LibraryNotFound: NVML Shared Library Not "
+        f"Found; through nvidia-ml-py {version} sent by the panel (the node's Python has no "
+        "pynvml))"
+    )
+    node.refresh_from_db()
+    assert node.status == "ready" and node.facts["gpu_reading"] == facts.gpu_reading
+
+    # The module that ran is the panel's file, byte for byte.
+    from nodes.services.credentials import target_for
+
+    source = Path(str(importlib.metadata.distribution("nvidia-ml-py").locate_file("pynvml.py")))
+    with ssh.pool.session(target_for(node)) as conn:
+        argv, stdin = client._agent(conn, "probe", "--live", "python3", pynvml=True)
+        answer = json.loads(ssh.run(conn, argv, stdin=stdin, check=False).stdout)
+    assert answer["pynvml"]["sha256"] == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert answer["pynvml"]["sha256"] == getattr(shipped.pynvml(), "sha256", None)
+
+    # The operator's reading says the same (CLI, as the API's).
+    done = manage_py(settings, "gpus", node.name, "--json", timeout=120)
+    doc = json.loads(done.stdout)
+    assert doc["source"] == "nvidia-smi" and doc["reading"] == facts.gpu_reading
+
+
+def test_a_node_with_its_own_pynvml_answers_by_nvml_and_says_whose(sim_fleet):
+    node = register_sim_node(sim_fleet["incident"])
+    facts = discovery.discover(node.pk)
+    assert facts.gpu_source == "nvml" and facts.pynvml_from == "node"
+    assert facts.gpu_reading.startswith("NVML, through the node's pynvml")
 
 
 def test_driver_missing_is_gpus_not_detected_with_the_reason_never_zero_gpus(sim_fleet, client):

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from simfleet.spec import from_options, load_spec_file
+from simfleet.spec import NodeSpec, from_options, load_spec_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def demo_nodes():
+def demo_nodes() -> list[NodeSpec]:
     entries = load_spec_file(str(ROOT / "simfleet" / "demo.json"))
     return [from_options(f"demo-{i}", entry) for i, entry in enumerate(entries)]
 

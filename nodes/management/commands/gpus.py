@@ -2,7 +2,8 @@
 
 ``--json`` prints only ``{"gpus": [{"index", "state" (free/held/quarantined),
 "memory_used_bytes", "orphaned_bytes", "holders": [{"pid", "ppid", "state", "command",
-"launch_id", "team_only"}], "quarantine_reason"}], "host": {...}}``. A holder of a team-only
+"launch_id", "team_only"}], "quarantine_reason"}], "host": {...}, "source": "nvml" |
+"nvidia-smi" | null, "reading": which answered and why, in words}``. A holder of a team-only
 launch the acting user (``--actor``) may not see says only ``team_only``: no launch id, no
 command, as on the node page. Reading a node runs a command on it, so it needs an operator, as
 the API's ``/nodes/NAME/gpus`` does (a viewer sees the last stored reading on the node page).
@@ -48,6 +49,8 @@ class Command(OneLineCommand):
         if options["json"]:
             self.stdout.write(json.dumps(found.to_json()))
             return
+        if found.reading:
+            self.stdout.write(f"GPUs read by {found.reading}")
         for gpu in found.gpus:
             line = (
                 f"GPU {gpu.index}: {gpu.state}, {format_bytes(gpu.memory_used_bytes, 'GiB')} "
