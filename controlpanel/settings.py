@@ -8,6 +8,7 @@ clone: SQLite in ``var/``, Redis on 127.0.0.1:6379, secrets generated into ``var
 from __future__ import annotations
 
 import zoneinfo
+from datetime import timedelta
 from pathlib import Path
 
 import dj_database_url
@@ -69,6 +70,7 @@ INSTALLED_APPS = [
     "django_htmx",
     "template_partials",
     "ninja",  # the API's docs page uses its Swagger UI static files, not a CDN
+    "axes",
     "nodes",
 ]
 
@@ -85,6 +87,8 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
     "nodes.middleware.QueueUnavailableMiddleware",
+    # Last, as django-axes asks: it turns a refused login into the lockout page.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "controlpanel.urls"
@@ -141,6 +145,25 @@ AUTH_PASSWORD_VALIDATORS = [
 # bytes by path prefix (a file upload's own limit), and for every other path.
 REQUEST_BODY_LIMITS = {"/diagnose/": 64 * 2**20, "/launch-profiles/import/": 8 * 2**20}
 REQUEST_BODY_MAX_BYTES = 16 * 2**20
+# Login brute-force protection (django-axes): after RANKWISE_LOGIN_FAILURE_LIMIT failures for one
+# account from one address, that account's logins from there are refused for
+# RANKWISE_LOGIN_COOLOFF_MINUTES, the right password included; audited as ``auth.locked_out``.
+# Per account and address, so a colleague's typos behind the same NAT lock nobody else out.
+# ``manage.py axes_reset_username NAME`` lifts a lockout at once.
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+]
+AXES_FAILURE_LIMIT = env_int("RANKWISE_LOGIN_FAILURE_LIMIT", 10)
+if AXES_FAILURE_LIMIT < 1:
+    raise ImproperlyConfigured("RANKWISE_LOGIN_FAILURE_LIMIT must be at least 1.")
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("RANKWISE_LOGIN_COOLOFF_MINUTES", 15))
+AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
+AXES_RESET_ON_SUCCESS = True
+AXES_LOCKOUT_TEMPLATE = "registration/locked_out.html"
+# The audit trail records logins, failures and lockouts (nodes.signals): no second log of them.
+AXES_DISABLE_ACCESS_LOG = True
+AXES_VERBOSE = False
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "nodes:node-list"
 LOGOUT_REDIRECT_URL = "login"

@@ -1,10 +1,12 @@
-"""Audit receivers for logins, failed logins and logouts; the first admin's kept password is
-forgotten once it is changed."""
+"""Audit receivers for logins, failed logins, lockouts (django-axes) and logouts; the first
+admin's kept password is forgotten once it is changed."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from axes.signals import user_locked_out
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.signals import user_logged_in, user_logged_out, user_login_failed
 from django.db.models.signals import post_save
@@ -33,6 +35,25 @@ def audit_login_failed(
     # Only the user name is kept; Django has already masked anything that looks like a password.
     tried = str(credentials.get("username", ""))[:150]
     record("auth.login_failed", actor=None, actor_name=tried or "anonymous", request=request)
+
+
+@receiver(user_locked_out)
+def audit_locked_out(
+    sender: Any,
+    request: HttpRequest | None = None,
+    username: str | None = None,
+    ip_address: str | None = None,
+    **kwargs: Any,
+) -> None:
+    """Too many failures for this account from this address: this login (and each one until
+    the cool-off ends) was refused whatever the password."""
+    record(
+        "auth.locked_out",
+        actor=None,
+        actor_name=str(username or "")[:150] or "anonymous",
+        after={"address": ip_address, "failure_limit": settings.AXES_FAILURE_LIMIT},
+        request=request,
+    )
 
 
 @receiver(post_save, sender=get_user_model())

@@ -23,6 +23,15 @@ def make_user(username: str, role: str | None) -> AbstractUser:
     return user
 
 
+def logs_in(client: Any, username: str, password: str) -> bool:
+    """Log in through the login form, as a person does (the brute-force protection counts
+    it); True when the panel let them in."""
+    from django.urls import reverse
+
+    client.post(reverse("login"), {"username": username, "password": password})
+    return "_auth_user_id" in client.session
+
+
 def make_node(name: str = "gpu-01", *, gpus: int = 8, **fields: Any) -> Node:
     fields.setdefault("host", "10.0.0.5")
     fields.setdefault("host_ram_bytes", 449 * GB)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import re
+from datetime import timedelta
 from typing import Any
 
 from django import template
@@ -30,6 +32,15 @@ def size(value: int | None, unit: str = "GiB") -> str:
     except (TypeError, ValueError, OverflowError):
         return "unknown"
     return format_bytes(number, unit if unit in UNITS else "GiB")
+
+
+@register.filter
+def minutes(value: timedelta | None) -> str:
+    """A duration in whole minutes, rounded up: "1 minute", "15 minutes"."""
+    if value is None:
+        return ""
+    count = max(1, math.ceil(value.total_seconds() / 60))
+    return f"{count} minute{'s' if count != 1 else ''}"
 
 
 @register.filter

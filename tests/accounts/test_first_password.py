@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 
 from tests.conftest import manage_in_process
-from tests.factories import make_user
+from tests.factories import logs_in, make_user
 
 pytestmark = pytest.mark.django_db
 
@@ -35,7 +35,7 @@ def _first_admin(state) -> tuple[str, str]:
 def test_the_first_password_is_kept_not_printed_and_logs_in(state):
     username, password = _first_admin(state)
     assert username == "admin"
-    assert Client().login(username="admin", password=password)
+    assert logs_in(Client(), "admin", password)
     # A second run changes nothing and says nothing of a password.
     again = manage_in_process("ensure_admin")
     assert again.returncode == 0 and again.stdout == ""

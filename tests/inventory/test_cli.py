@@ -9,6 +9,7 @@ import pytest
 
 from nodes.models import AuditEntry, Node
 from tests.conftest import manage_in_process, manage_py
+from tests.factories import logs_in
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -169,7 +170,7 @@ def test_user_add_prints_password_once_and_it_logs_in(manage, client):
     result = manage("user", "add", "otto", "--role", "operator")
     password = result.stdout.strip()
     assert result.returncode == 0 and len(password) >= 12
-    assert client.login(username="otto", password=password)
+    assert logs_in(client, "otto", password)
     roles = json.loads(manage("user", "list", "--json").stdout)["users"]
     assert {"username": "otto", "role": "operator"} in roles
 

@@ -206,12 +206,12 @@ def test_the_download_says_where_lines_were_not_kept_at_the_end(viewer_client, l
 def test_whoever_may_read_the_lines_may_follow_them_live(long_log, panel):
     from django.test import Client
 
-    from tests.factories import PASSWORD, make_user
+    from tests.factories import make_user
     from tests.sse import events
 
     nora = make_user("nora", None)  # no role: she may open the page and read its lines
     reader = Client()
-    reader.login(username=nora.username, password=PASSWORD)
+    reader.force_login(nora)  # type: ignore[arg-type]
     assert reader.get(reverse("nodes:launch-lines", args=[long_log.pk])).status_code == 200
     url = panel.url + reverse("nodes:launch-events", args=[long_log.pk])
     got = list(events(url, panel.cookie_for(nora)))  # an ended launch: every line, then the end
