@@ -56,6 +56,11 @@ urlpatterns = [
         name="profile-calibrate",
     ),
     path(
+        "calibrations/<int:pk>/promote/",
+        calibrations.calibration_promote,
+        name="calibration-promote",
+    ),
+    path(
         "launch-profiles/<int:pk>/revisions/<int:number>/revert/",
         profiles.profile_revert,
         name="profile-revert",

@@ -175,3 +175,52 @@ def check_fits(figures: Figures, model_path: str, tp: int) -> None:
             raise CalibrationError(
                 f"the log is of {figures.model_path}, not {model_path} (folder names differ)"
             )
+
+
+#: Weights one rank loads against the checkpoint's share of it (its tensors over TP × PP ranks):
+#: from about a quarter (a 16-bit checkpoint quantized to 4 bits while loading; fp8 on load
+#: halves it, as ``--quantization fp8`` does) to well under twice (layers every rank holds whole:
+#: norms, replicated attention under DP attention). Outside these, the log is of another model.
+WEIGHTS_SHARE_RANGE = (0.2, 2.0)
+
+
+def check_plausible(
+    figures: Figures,
+    *,
+    checkpoint_bytes: int | None,
+    ranks: int,
+    gpu_memory_bytes: int | None,
+) -> list[str]:
+    """Raise ``CalibrationError`` when the figures cannot be of this model on this GPU: more free
+    memory before the weights than the GPU has, weights larger than the memory they loaded into,
+    or weights per rank outside ``WEIGHTS_SHARE_RANGE`` of the checkpoint's share (its tensors'
+    bytes, as the safetensors headers give them, over ``ranks``). Returns what could not be
+    checked, in words (no checkpoint size known, no GPU size known)."""
+    unchecked = []
+    free, weights = figures.free_before_load_bytes, figures.weights_per_rank_bytes
+    if gpu_memory_bytes:
+        if free > gpu_memory_bytes:
+            raise CalibrationError(
+                f"the log says {free / GiB:.2f} GiB were free before the weights, more than the "
+                f"{gpu_memory_bytes / GiB:.2f} GiB the GPU has"
+            )
+    else:
+        unchecked.append("the GPU's memory is not known")
+    if weights > free:
+        raise CalibrationError(
+            f"the log says {weights / GiB:.2f} GiB of weights per rank loaded into "
+            f"{free / GiB:.2f} GiB of free memory, which cannot hold them"
+        )
+    if not checkpoint_bytes or ranks < 1:
+        unchecked.append("the checkpoint's size is not known")
+        return unchecked
+    share = checkpoint_bytes / ranks
+    low, high = WEIGHTS_SHARE_RANGE
+    if not low * share <= weights <= high * share:
+        raise CalibrationError(
+            f"the log says {weights / GiB:.2f} GiB of weights per rank, but the checkpoint's "
+            f"tensors are {checkpoint_bytes / GiB:.2f} GiB, {share / GiB:.2f} GiB per rank over "
+            f"{ranks} rank{'s' if ranks != 1 else ''}: a start-up of this model loads between "
+            f"{low:g} and {high:g} times that, not {weights / share:.3g} times"
+        )
+    return unchecked

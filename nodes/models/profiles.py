@@ -150,9 +150,18 @@ class Calibration(models.Model):
     ranks = models.JSONField(default=list, blank=True, help_text="Per-rank figures as logged.")
     created_by = models.CharField(max_length=150, blank=True)
     created = models.DateTimeField(auto_now_add=True, db_index=True)
+    # A pasted log calibrates only its own profile until an admin promotes it to the whole
+    # fleet; a launch's own start-up calibrates the fleet at once (``fleet_wide``).
+    promoted_by = models.CharField(max_length=150, blank=True)
+    promoted_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created", "-id"]
 
     def __str__(self) -> str:
         return f"calibration of {self.model_path} ({self.gpu_name}, TP{self.tp_size})"
+
+    @property
+    def fleet_wide(self) -> bool:
+        """Whether it calibrates every profile of its model × GPU × TP, not only its own."""
+        return self.launch_id is not None or self.promoted_at is not None

@@ -1,8 +1,13 @@
 """Calibration from real launches: store what a start-up logged (``nodes.domain.calibration``)
 per model folder × GPU model × TP, and hand it to the budget as observed figures next time.
 
-A launch stores its figures when it becomes ready; a log pasted on the profile page, or given
-to ``manage.py budget --calibrate-from``, calibrates the same way.
+A launch stores its figures when it becomes ready, for every profile of the same model × GPU
+× TP (the server really started that way). A log pasted on the profile page calibrates that
+profile only, until an admin promotes it to the fleet: anyone may paste anything, and one
+team's paste must not loosen another team's checks. Every calibration is checked against what
+the panel knows first (``calibration.check_plausible``: the GPU's memory, the checkpoint's
+tensors) and refused with the reason when it cannot be right. ``manage.py budget
+--calibrate-from`` reads a log for one answer and stores nothing.
 """
 
 from __future__ import annotations
@@ -10,11 +15,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.db.models import Q
+from django.utils import timezone
+
 from nodes.domain.budget import NodeMemory, Observed
 from nodes.domain.calibration import (
     CalibrationError,
     Figures,
     check_fits,
+    check_plausible,
     parse,
     pool_settings_in,
     pool_settings_of,
@@ -86,10 +95,21 @@ def record_launch(launch: Launch, flags: ParsedCommand) -> Calibration | None:
     settings = pool_settings_of(flags.values)
     gpus = {g.index: g for g in launch.node.gpus.all()}
     first = gpus.get(launch.gpus[0]) if launch.gpus else None
+    model_path = str(flags.get("model_path", default="") or "")
+    try:
+        check_plausible(
+            figures,
+            checkpoint_bytes=_checkpoint_bytes(launch.node, model_path),
+            ranks=ranks(flags),
+            gpu_memory_bytes=first.memory_total_bytes if first else None,
+        )
+    except CalibrationError as exc:
+        log.warning("launch %s: calibration not stored: %s", launch.pk, exc)
+        return None
     used = [int(v) for v in (launch.gpu_used_before or {}).values()]
     return _store(
         figures,
-        model_path=str(flags.get("model_path", default="") or ""),
+        model_path=model_path,
         gpu_name=first.name if first else "",
         tp=tp_of(flags),
         node=launch.node,
@@ -108,15 +128,24 @@ def record_log(
     flags: ParsedCommand,
     profile: LaunchProfile | None,
     actor: str,
+    checkpoint_bytes: int | None,
 ) -> Calibration:
-    """Store a pasted log's figures for the profile's model on ``node``'s GPU model; raises
-    ``CalibrationError`` with the reason when the log cannot calibrate."""
+    """Store a pasted log's figures for the profile's model on ``node``'s GPU model, for that
+    profile only; raises ``CalibrationError`` with the reason when the log cannot calibrate:
+    another model or TP size, or figures this model cannot give on this GPU (``checkpoint_bytes``,
+    the model's tensors as read on the node, None when unknown)."""
     lines = list(lines)
     figures = parse(lines)
     model_path = str(flags.get("model_path", default="") or "")
     check_fits(figures, model_path, tp_of(flags))
-    settings = pool_settings_in(lines) or {}
     first = node.gpus.order_by("index").first()
+    check_plausible(
+        figures,
+        checkpoint_bytes=checkpoint_bytes,
+        ranks=ranks(flags),
+        gpu_memory_bytes=first.memory_total_bytes if first else None,
+    )
+    settings = pool_settings_in(lines) or {}
     return _store(
         figures,
         model_path=model_path,
@@ -163,24 +192,54 @@ def _store(
     )
 
 
-def latest(model_path: str, gpu_names: Iterable[str], tp: int) -> Calibration | None:
-    """The newest calibration of the model folder on one of these GPU models at this TP."""
+def _checkpoint_bytes(node: Node, model_path: str) -> int | None:
+    """The model's tensors as last read on the node (never waits on it), None when not read."""
+    from nodes.services.model_facts import model_facts
+
+    return model_facts(node, model_path, wait=0).weights_bytes if model_path else None
+
+
+def applying_to(profile_name: str | None) -> Q:
+    """The calibrations that apply to a profile's checks: every launch's and every promoted
+    one, and the profile's own pasted logs (None: no profile's, as for an ad-hoc command)."""
+    scope = Q(launch__isnull=False) | Q(promoted_at__isnull=False)
+    return scope | Q(profile__name=profile_name) if profile_name else scope
+
+
+def latest(
+    model_path: str, gpu_names: Iterable[str], tp: int, profile_name: str | None = None
+) -> Calibration | None:
+    """The newest calibration of the model folder on one of these GPU models at this TP that
+    applies to the profile ``profile_name`` (None: to any check, so fleet-wide ones only)."""
     names = {n for n in gpu_names if n}
     if not model_path or not names:
         return None
     return (
         Calibration.objects.filter(model_path=model_path, gpu_name__in=names, tp_size=tp)
+        .filter(applying_to(profile_name))
         .order_by("-created", "-id")
         .first()
     )
 
 
+def promote(calibration: Calibration, actor: str) -> None:
+    """Let a pasted log's figures calibrate every profile of its model × GPU × TP."""
+    calibration.promoted_by, calibration.promoted_at = actor[:150], timezone.now()
+    calibration.save(update_fields=["promoted_by", "promoted_at"])
+
+
 def observed_for(
-    flags: ParsedCommand, gpu_names: Iterable[str], used_now: int = 0
+    flags: ParsedCommand,
+    gpu_names: Iterable[str],
+    used_now: int = 0,
+    profile_name: str | None = None,
 ) -> tuple[Observed | None, Calibration | None]:
-    """Observed figures for the budget from the newest matching calibration, its free memory
-    before load moved by what the GPUs hold now compared with then; (None, None) if none."""
-    found = latest(str(flags.get("model_path", default="") or ""), gpu_names, tp_of(flags))
+    """Observed figures for the budget from the newest calibration that applies (``latest``),
+    its free memory before load moved by what the GPUs hold now compared with then; (None,
+    None) if none."""
+    found = latest(
+        str(flags.get("model_path", default="") or ""), gpu_names, tp_of(flags), profile_name
+    )
     if found is None:
         return None, None
     free = found.free_before_load_bytes + found.gpu_used_before_bytes - used_now

@@ -56,8 +56,10 @@ def apply_option(
         list(launch.revision.args), change, table(node.sglang_version or DEFAULT_VERSION)
     )
     model = model_of(node, args, wait=0)
-    memory = node_memory_for(node, launch.revision.profile.name, viewer=None)
-    report = evaluate(args, node, model, env=dict(launch.revision.env or {}), memory=memory)
+    name = launch.revision.profile.name
+    memory = node_memory_for(node, name, viewer=None)
+    env = dict(launch.revision.env or {})
+    report = evaluate(args, node, model, env=env, memory=memory, profile=name)
     if report.verdict == "block":
         raise CapacityRefused("the budget blocks it on this node now")
     return save_revision(
@@ -140,6 +142,7 @@ def _rechecker(launch: Launch) -> Any:
         model_of(node, args, wait=0),
         env=dict(launch.revision.env or {}),
         memory=node_memory_for(node, launch.revision.profile.name, viewer=None),
+        profile=launch.revision.profile.name,
     )
 
 

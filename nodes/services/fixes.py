@@ -82,7 +82,14 @@ def _evaluate(launch: Launch, args: list[str], wait: float | None = None) -> Bud
         )
         or memory.gpu_used_bytes,
     )
-    return profiles.evaluate(args, node, model, env=dict(launch.revision.env or {}), memory=memory)
+    return profiles.evaluate(
+        args,
+        node,
+        model,
+        env=dict(launch.revision.env or {}),
+        memory=memory,
+        profile=launch.revision.profile.name,
+    )
 
 
 @dataclass(frozen=True)

@@ -138,15 +138,20 @@ def evaluate(
     version: str | None = None,
     env: dict[str, str] | None = None,
     memory: NodeMemory | None = None,
+    profile: str | None = None,
 ) -> BudgetReport:
     """The budget of ``args`` (flags after the launcher) with ``env`` on ``node`` (its memory as
-    last read, or ``memory``)."""
+    last read, or ``memory``), for the profile named ``profile`` (its own pasted calibrations
+    apply; None: only the fleet's)."""
     version = version or node.sglang_version or DEFAULT_VERSION
     flags = parse_command(args, table(version))
     flags.env = dict(env or {})
     memory = memory or node_memory(node)
     observed, _ = calibrations.observed_for(
-        flags, memory.gpu_names or (), calibrations.used_now(memory, calibrations.ranks(flags))
+        flags,
+        memory.gpu_names or (),
+        calibrations.used_now(memory, calibrations.ranks(flags)),
+        profile,
     )
     return check(
         flags,
@@ -165,6 +170,7 @@ def checker(
     *,
     env: dict[str, str],
     memory: NodeMemory,
+    profile: str | None = None,
 ) -> Callable[[dict[str, Any]], Checked]:
     """A function from a ``change`` (as ``domain.remedy.with_changes`` takes it) to the budget of
     ``args`` with that change on ``node``: its verdict, device KV tokens per rank, warnings and,
@@ -176,7 +182,7 @@ def checker(
             changed = remedy.with_changes(args, change, flags)
         except ValueError:
             return Checked("block", None)
-        report = evaluate(changed, node, model, env=env, memory=memory)
+        report = evaluate(changed, node, model, env=env, memory=memory, profile=profile)
         return Checked(
             report.verdict,
             report.device_kv_tokens_per_rank,
@@ -311,7 +317,7 @@ def submit_revision(
     path = str(flags.get("model_path", default="") or "")
     model = model_facts(node, path, pasted_config, wait=model_wait)
     memory = node_memory_for(node, profile_name, viewer=actor)
-    report = evaluate(list(args), node, model, env=env, memory=memory)
+    report = evaluate(list(args), node, model, env=env, memory=memory, profile=profile_name)
     if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
         why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
         raise ProfileRefused(report.verdict, f"{report.verdict}: {why}", report)
@@ -362,7 +368,7 @@ def promote(
     model = model_of(node, args, wait=wait)
     # As the ad-hoc command's own launch would find the node: its running server is its own.
     memory = node_memory_for(node, revision.profile.name, viewer=actor)
-    report = evaluate(args, node, model, env=env, memory=memory)
+    report = evaluate(args, node, model, env=env, memory=memory, profile=revision.profile.name)
     if report.verdict == "block":
         blocks = "; ".join(m.text.rstrip(".") for m in report.messages if m.level == "block")
         raise PromoteRefused(f"blocked on {node.name}: {blocks}")

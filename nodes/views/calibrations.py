@@ -19,6 +19,7 @@ from nodes.models import Calibration, LaunchProfile
 from nodes.models.choices import Role
 from nodes.services import calibrations
 from nodes.services.audit import record
+from nodes.services.model_facts import model_facts
 from nodes.services.teams import visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
@@ -51,6 +52,13 @@ def rows(profile: LaunchProfile) -> list[dict[str, Any]]:
         found.append(
             {
                 "calibration": c,
+                "applies": (
+                    "every profile"
+                    if c.fleet_wide
+                    else "this profile"
+                    if c.profile_id == profile.pk
+                    else "another profile only"
+                ),
                 "source": calibrations.shown_source(c),
                 "estimate": estimate,
                 "error": error,
@@ -74,6 +82,9 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         messages.error(request, "Paste the server's start-up log (text, at most 4 MB).")
         return after_post(request, back)
     flags = parse_command(list(latest.args), table(latest.sglang_version or DEFAULT_VERSION))
+    path = str(flags.get("model_path", default="") or "")
+    # What the panel knows of the checkpoint (as last read on the node; never waits on it).
+    checkpoint = model_facts(latest.node, path, wait=0).weights_bytes if path else None
     try:
         found = calibrations.record_log(
             text.splitlines(),
@@ -81,6 +92,7 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
             flags=flags,
             profile=profile,
             actor=request.user.get_username(),
+            checkpoint_bytes=checkpoint,
         )
     except CalibrationError as exc:
         messages.error(request, f"That log cannot calibrate: {exc}.")
@@ -97,5 +109,35 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         },
         request=request,
     )
-    messages.success(request, f"{profile.name}: {calibrations.label(found)}.")
+    messages.success(
+        request,
+        f"{profile.name}: {calibrations.label(found)}. It calibrates this profile's checks only, "
+        "until an admin applies it to every profile of this model.",
+    )
+    return after_post(request, back)
+
+
+@require_POST
+@role_required(Role.ADMIN)
+def calibration_promote(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
+    """Let a pasted log's figures calibrate every profile of its model × GPU × TP (admin)."""
+    calibration = get_object_or_404(Calibration, pk=pk)
+    profile = calibration.profile
+    back = (
+        reverse("nodes:profile-detail", args=[profile.pk])
+        if profile is not None
+        else reverse("nodes:profile-list")
+    )
+    if calibration.fleet_wide:
+        messages.info(request, "That calibration applies to every profile already.")
+        return after_post(request, back)
+    calibrations.promote(calibration, request.user.get_username())
+    record(
+        "calibration.promote",
+        actor=request.user,
+        obj=calibration,
+        after={"model_path": calibration.model_path, "gpu_name": calibration.gpu_name},
+        request=request,
+    )
+    messages.success(request, f"The {calibration} applies to every profile now.")
     return after_post(request, back)

@@ -196,8 +196,9 @@ def _checked(
     )
     env = form.cleaned_data["env"]
     # As for this profile's own launch: its running servers' memory is not someone else's.
-    memory = node_memory_for(node, profile_name or data.get("name") or None, viewer=user)
-    report = evaluate(form.args(), node, model, env=env, memory=memory)
+    name = profile_name or data.get("name") or None
+    memory = node_memory_for(node, name, viewer=user)
+    report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
     command = shlex.join(
         [*shown, "python3", "-m", "sglang.launch_server", *redact_args(form.args())]
@@ -257,8 +258,10 @@ def _with_suggestion(
     model = model_facts(
         node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
     )
-    memory = node_memory_for(node, form.cleaned_data.get("name") or None, viewer=request.user)
-    report = evaluate(form.args(), node, model, env=form.cleaned_data["env"], memory=memory)
+    name = form.cleaned_data.get("name") or None
+    memory = node_memory_for(node, name, viewer=request.user)
+    env = form.cleaned_data["env"]
+    report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)
     if not report.suggestion:
         messages.info(request, "The budget suggests no change for these flags now.")
         return form
@@ -427,7 +430,8 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
         return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     model = model_of(node, list(old.args), wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS)
     memory = node_memory_for(node, profile.name, viewer=request.user)
-    report = evaluate(list(old.args), node, model, env=dict(old.env or {}), memory=memory)
+    env = dict(old.env or {})
+    report = evaluate(list(old.args), node, model, env=env, memory=memory, profile=profile.name)
     try:
         revision = save_revision(
             profile_name=profile.name,

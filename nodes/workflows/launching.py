@@ -345,7 +345,12 @@ def _commit(launch: Launch) -> plan.Check | None:
     )
     unread = ModelFacts(None, None, "read at pre-flight")
     report = evaluate(
-        args_of(launch), launch.node, unread, env=dict(launch.revision.env or {}), memory=memory
+        args_of(launch),
+        launch.node,
+        unread,
+        env=dict(launch.revision.env or {}),
+        memory=memory,
+        profile=launch.revision.profile.name,
     )
     commitments.take(launch, report)
     full = next((m for m in report.messages if m.code == "host_oom"), None)
@@ -629,7 +634,15 @@ def _budget(launch: Launch, flags: ParsedCommand, facts: NodeFacts, version: str
     with transaction.atomic():
         commitments.lock(launch.node)
         memory = replace(memory, neighbours=commitments.neighbours(launch.node, launch))
-        report = evaluate(args_of(launch), launch.node, model, version, flags.env, memory)
+        report = evaluate(
+            args_of(launch),
+            launch.node,
+            model,
+            version,
+            flags.env,
+            memory,
+            profile=launch.revision.profile.name,
+        )
         commitments.take(launch, report)
     return report
 

@@ -10,19 +10,30 @@ import sys
 from pathlib import Path
 
 import pytest
+from django.utils import timezone
 
 from nodes.domain.calibration import CalibrationError, parse
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
-from nodes.models import Calibration, Gpu, Launch
+from nodes.models import (
+    AuditEntry,
+    Calibration,
+    Gpu,
+    Launch,
+    LaunchProfile,
+    ModelReading,
+    ProfileRevision,
+)
 from nodes.models.choices import LaunchStatus
 from nodes.services import calibrations, model_facts, profiles
 from nodes.workflows import discovery, ending, launching
+from simfleet.models import MODELS
 from tests.conftest import register_sim_node
 from tests.factories import make_node, make_user
 from tests.fleet import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
+KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake"
 S01 = ROOT / "tests/fixtures/cases/S01"
 GiB = 2**30
 S01_ARGS = ["--model-path", "/models/kimi-k2.5-int4", "--tp-size", "8", "--mem-fraction-static"]
@@ -101,33 +112,118 @@ def test_calibrate_from_a_log_on_the_command_line(tmp_path):
 
 
 @pytest.mark.django_db
-def test_a_pasted_log_calibrates_the_profile_estimate():
-    node = make_node("node-b")
+def test_a_pasted_log_calibrates_its_own_profile_until_an_admin_promotes_it(client):
+    """Anyone may paste anything: a pasted log calibrates the paster's profile only (one team's
+    paste must not loosen another team's checks, D1), until an admin applies it to all."""
+    node = make_node("node-b", sglang_version="0.5.9")
     Gpu.objects.filter(node=node).update(
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
     )
+    revision = _s01_revision(node)
     config = json.dumps(json.loads((S01 / "facts.json").read_text())["model_config"])
     args = [*S01_ARGS, "0.93"]
     model = model_facts.model_facts(node, "", config)
-    before = profiles.evaluate(args, node, model)
+    before = profiles.evaluate(args, node, model, profile="kimi")
     assert before.calibration["source"] == "estimate"  # no checkpoint size: weights unknown
     flags = parse_command(args, table("0.5.9"))
-    calibrations.record_log(
+    found = calibrations.record_log(
         (S01 / "launch.log").read_text().splitlines(),
         node=node,
         flags=flags,
-        profile=None,
+        profile=revision.profile,
         actor="alice",
+        checkpoint_bytes=None,
     )
-    after = profiles.evaluate(args, node, model)
+    after = profiles.evaluate(args, node, model, profile="kimi")
     assert after.calibration["source"] == "calibrated"
     assert after.calibration["label"] == (
         "calibrated from a log pasted by alice: 72.42 GiB of weights per rank"
     )
     assert after.device_kv_tokens_per_rank == pytest.approx(238_007, rel=0.01)
-    # Another TP size, or another GPU model, is not calibrated by it.
-    other = profiles.evaluate([*args[:3], "4", *args[4:]], node, model)
-    assert other.calibration["source"] != "calibrated"
+    # Another profile of the same model, or a command of no profile, is not calibrated by it.
+    for other in ("kimi-elsewhere", None):
+        assert profiles.evaluate(args, node, model, profile=other).calibration["source"] == (
+            "estimate"
+        )
+    # Another TP size, or another GPU model, is not calibrated by it either.
+    other_tp = profiles.evaluate([*args[:3], "4", *args[4:]], node, model, profile="kimi")
+    assert other_tp.calibration["source"] != "calibrated"
+
+    # An operator cannot promote it; an admin can, audited; then it calibrates everyone's.
+    client.force_login(make_user("olga", "operator"))
+    url = f"/calibrations/{found.pk}/promote/"
+    assert client.post(url).status_code == 403
+    client.force_login(make_user("ada", "admin"))
+    page = client.get(f"/launch-profiles/{revision.profile.pk}/").content.decode()
+    assert "this profile" in page and "Apply to every profile" in page
+    assert client.post(url, follow=True).status_code == 200
+    assert AuditEntry.objects.filter(action="calibration.promote", actor_name="ada").exists()
+    assert profiles.evaluate(args, node, model).calibration["source"] == "calibrated"
+    page = client.get(f"/launch-profiles/{revision.profile.pk}/").content.decode()
+    assert "every profile" in page and "Apply to every profile" not in page
+
+
+@pytest.mark.django_db
+def test_a_pasted_log_the_checkpoint_makes_impossible_is_refused_with_the_reason(
+    operator_client,
+):
+    """D1: "mem usage=0.10 GB" for llama-3-70b at TP1 (its tensors about 131 GiB) turned a
+    blocked check into ok. The panel knows the checkpoint; figures it rules out are refused."""
+    node = make_node("gpu-01", host_key=KEY, sglang_version="0.5.9")
+    Gpu.objects.filter(node=node).update(memory_total_bytes=80 * GiB)
+    path = "/srv/models/llama-3-70b"
+    ModelReading.objects.create(
+        node=node, model_path=path, host=node.host, read_at=timezone.now(),
+        answer={"config": MODELS["llama-3-70b"]["config"], "weights_bytes": 141 * 10**9},
+    )  # fmt: skip
+    profile = LaunchProfile.objects.create(name="llama-tp1", created_by="bob")
+    ProfileRevision.objects.create(
+        profile=profile, number=1, args=["--model-path", path], env={}, author="bob", node=node,
+        verdict="block", report={},
+    )  # fmt: skip
+    log = [
+        f"server_args=ServerArgs(model_path='{path}', tp_size=1, port=30000)",
+        "[2026-12-04 10:00:00] Load weight begin. avail mem=78.00 GB",
+        "[2026-12-04 10:00:09] Load weight end. type=LlamaForCausalLM, dtype=torch.bfloat16, "
+        "avail mem=77.90 GB, mem usage=0.10 GB.",
+        "[2026-12-04 10:00:10] KV Cache is allocated. #tokens: 900000, K size: 30 GB",
+    ]
+    page = operator_client.post(
+        f"/launch-profiles/{profile.pk}/calibrate/", {"log": "\n".join(log)}, follow=True
+    ).content.decode()
+    assert "That log cannot calibrate: the log says 0.10 GiB of weights per rank" in page
+    assert "the checkpoint&#x27;s tensors are 131.32 GiB" in page
+    assert not Calibration.objects.exists()
+
+
+def test_plausibility_is_checked_against_the_gpu_and_the_memory_the_weights_loaded_into():
+    from nodes.domain.calibration import check_plausible
+
+    figures = parse(
+        [
+            "[t TP0] Load weight begin. avail mem=90.00 GB",
+            "[t TP0] Load weight end. type=X, avail mem=75.00 GB, mem usage=15.00 GB.",
+        ]
+    )
+    with pytest.raises(CalibrationError, match="more than the 80.00 GiB the GPU has"):
+        check_plausible(figures, checkpoint_bytes=None, ranks=1, gpu_memory_bytes=80 * GiB)
+    # A 16-bit checkpoint of 30 GiB over two ranks: 15 GiB each is right, fp8 on load too.
+    assert check_plausible(figures, checkpoint_bytes=30 * GiB, ranks=2, gpu_memory_bytes=None) == [
+        "the GPU's memory is not known"
+    ]
+    check_plausible(figures, checkpoint_bytes=60 * GiB, ranks=2, gpu_memory_bytes=141 * GiB)
+    with pytest.raises(CalibrationError, match="not 0.125 times"):
+        check_plausible(figures, checkpoint_bytes=240 * GiB, ranks=2, gpu_memory_bytes=None)
+    unknown = check_plausible(figures, checkpoint_bytes=None, ranks=2, gpu_memory_bytes=None)
+    assert "the checkpoint's size is not known" in unknown
+    heavy = parse(
+        [
+            "[t TP0] Load weight begin. avail mem=10.00 GB",
+            "[t TP0] Load weight end. type=X, avail mem=1.00 GB, mem usage=15.00 GB.",
+        ]
+    )
+    with pytest.raises(CalibrationError, match="cannot hold them"):
+        check_plausible(heavy, checkpoint_bytes=None, ranks=1, gpu_memory_bytes=None)
 
 
 @pytest.mark.django_db(transaction=True)
