@@ -280,7 +280,7 @@ def _show_budget(
         read = format_bytes(node.mem_available_bytes - node.own_pinned_bytes, "GB", places=2)
         own = format_bytes(node.own_pinned_bytes, "GB", places=2)
         names["available"] = (
-            f"MemAvailable now {read} + {own} pinned by this profile's own launches (theirs to "
+            f"MemAvailable now {read} + {own} pinned by {node.given_back_by} (theirs to "
             "give back when they stop) ="
         )
     if node.host_ram_bytes:

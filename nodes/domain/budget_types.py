@@ -38,6 +38,8 @@ class NodeMemory:
     #: Host memory (bytes) the checked profile's own launches pinned, counted back into
     #: ``mem_available_bytes`` (a revision is checked as its own launch would find the node).
     own_pinned_bytes: int = 0
+    #: Whose pinned memory ``own_pinned_bytes`` is, in words.
+    given_back_by: str = "this profile's own launches"
 
     @classmethod
     def from_document(cls, node: Any, mem_available_bytes: Any = None) -> NodeMemory:

@@ -60,6 +60,9 @@ class ModelFacts:
     weights_bytes: int | None
     source: str
     pending: bool = False
+    #: The node has no such model folder (or no config.json in it), in words: SGLang cannot
+    #: start from it, so a revision naming it is blocked there.
+    missing: str | None = None
 
 
 def model_facts(
@@ -260,10 +263,16 @@ def _unqueued(row: ModelReading, node: Node, exc: QueueUnavailable) -> ModelRead
     return row
 
 
+#: The agent's problems that mean the folder is not a model on the node at all.
+MISSING = ("no-folder", "no-config")
+
+
 def _facts(node: Node, model_path: str, reading: ModelReading) -> ModelFacts:
     doc = reading.answer
     if not isinstance(doc, dict) or "config" not in doc:
-        return ModelFacts(None, None, reading.error or f"not read from {node.name}")
+        missing = {PROBE_PROBLEMS[p].format(path=model_path, node=node.name) for p in MISSING}
+        error = reading.error or f"not read from {node.name}"
+        return ModelFacts(None, None, error, missing=error if error in missing else None)
     try:
         geometry = from_config(doc["config"])
     except GeometryError as exc:

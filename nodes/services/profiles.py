@@ -131,6 +131,27 @@ def node_memory_for(node: Node, profile_name: str | None, *, viewer: Actor | Non
     )
 
 
+def node_as_inventoried(node: Node) -> NodeMemory:
+    """The node a revision is judged against, as inventoried: its GPUs empty, and its host RAM
+    as available as with no launch of the panel's running there (what they pinned counted back;
+    what the node itself and anything else uses stays used). A revision's verdict is about the
+    revision, not about whatever happens to run now: whether it could start now, beside what
+    holds the GPUs, is ``placement.on_node``'s separate answer."""
+    memory = node_memory(node)
+    running = Commitment.objects.filter(node=node, released__isnull=True)
+    pinned = running.filter(pinned=True).aggregate(total=Sum("host_bytes"))["total"]
+    available = memory.mem_available_bytes
+    if available is not None and pinned:
+        available = min(available + pinned, node.host_ram_bytes or available + pinned)
+    return replace(
+        memory,
+        gpu_used_bytes=tuple(0 for _ in memory.gpu_memory_bytes) or None,
+        mem_available_bytes=available,
+        own_pinned_bytes=(available or 0) - (memory.mem_available_bytes or 0),
+        given_back_by="the panel's launches there",
+    )
+
+
 def evaluate(
     args: list[str],
     node: Node,
@@ -153,7 +174,7 @@ def evaluate(
         calibrations.used_now(memory, calibrations.ranks(flags)),
         profile,
     )
-    return check(
+    report = check(
         flags,
         memory,
         version=version,
@@ -161,6 +182,14 @@ def evaluate(
         weights_bytes=model.weights_bytes,
         observed=observed,
     )
+    if model.missing:
+        report.add(
+            "block",
+            "model-missing",
+            f"{model.missing[0].upper()}{model.missing[1:]}: SGLang cannot start from it. Correct "
+            "--model-path, or copy the model to this node first.",
+        )
+    return report
 
 
 def checker(
@@ -316,7 +345,7 @@ def submit_revision(
     flags = parse_command(list(args), table(node.sglang_version or DEFAULT_VERSION))
     path = str(flags.get("model_path", default="") or "")
     model = model_facts(node, path, pasted_config, wait=model_wait)
-    memory = node_memory_for(node, profile_name, viewer=actor)
+    memory = node_as_inventoried(node)
     report = evaluate(list(args), node, model, env=env, memory=memory, profile=profile_name)
     if report.verdict == "block" or (report.verdict == "warn" and not acknowledged):
         why = "; ".join(m.text for m in report.messages if m.level in ("block", "warn"))
@@ -366,8 +395,7 @@ def promote(
         raise PromoteRefused("this revision names no node to check it on")
     args, env = list(revision.args), dict(revision.env or {})
     model = model_of(node, args, wait=wait)
-    # As the ad-hoc command's own launch would find the node: its running server is its own.
-    memory = node_memory_for(node, revision.profile.name, viewer=actor)
+    memory = node_as_inventoried(node)
     report = evaluate(args, node, model, env=env, memory=memory, profile=revision.profile.name)
     if report.verdict == "block":
         blocks = "; ".join(m.text.rstrip(".") for m in report.messages if m.level == "block")

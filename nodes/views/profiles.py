@@ -35,7 +35,7 @@ from nodes.services.profiles import (
     ProfileRefused,
     PromoteRefused,
     evaluate,
-    node_memory_for,
+    node_as_inventoried,
     promote,
     save_revision,
     submit_revision,
@@ -197,7 +197,9 @@ def _checked(
     env = form.cleaned_data["env"]
     # As for this profile's own launch: its running servers' memory is not someone else's.
     name = profile_name or data.get("name") or None
-    memory = node_memory_for(node, name, viewer=user)
+    # The revision is judged against the node as inventoried; "could it start now" (``now``)
+    # is the separate answer against what runs there.
+    memory = node_as_inventoried(node)
     report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)
     shown = [f"{k}={v}" for k, v in sorted(redact_env(env).items())]
     command = shlex.join(
@@ -259,7 +261,7 @@ def _with_suggestion(
         node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
     )
     name = form.cleaned_data.get("name") or None
-    memory = node_memory_for(node, name, viewer=request.user)
+    memory = node_as_inventoried(node)
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)
     if not report.suggestion:
@@ -311,7 +313,7 @@ def _with_plan(request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any]
     model = model_facts(
         node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
     )
-    memory = node_memory_for(node, form.cleaned_data.get("name") or None, viewer=request.user)
+    memory = node_as_inventoried(node)
     offered = plans.plan_for(node, form.args(), form.cleaned_data["env"], model, memory, workload)
     if change not in [p.change for p in offered]:
         messages.error(request, "The planner does not offer that setting now; plan again.")
@@ -429,7 +431,7 @@ def profile_revert(request: HtmxHttpRequest, pk: int, number: int) -> HttpRespon
         messages.error(request, f"{old} names no node to check it on; edit it instead.")
         return after_post(request, reverse("nodes:profile-detail", args=[profile.pk]))
     model = model_of(node, list(old.args), wait=settings.RANKWISE_MODEL_READ_WAIT_SECONDS)
-    memory = node_memory_for(node, profile.name, viewer=request.user)
+    memory = node_as_inventoried(node)
     env = dict(old.env or {})
     report = evaluate(list(old.args), node, model, env=env, memory=memory, profile=profile.name)
     try:

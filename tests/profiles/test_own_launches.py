@@ -1,5 +1,7 @@
-"""A revision is checked against its node as the profile's own launch would find it: what its
-running launches hold there is theirs, not "used by others" (issue 19, item 2)."""
+"""A revision is judged against its node as inventoried (empty GPUs; what the panel's launches
+pinned counted back), not against whatever runs there now; "could it start now" is the separate
+answer that says what holds the GPUs (issue 33, item 3). A relaunch's own check (capacity,
+fixes) sees the node as the profile's own launch would find it (issue 19, item 2)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from nodes.services.model_facts import ModelFacts
 from nodes.services.profiles import (
     ProfileExists,
     evaluate,
+    node_as_inventoried,
     node_memory_for,
     promote,
     save_revision,
@@ -117,6 +120,79 @@ def test_another_teams_hidden_profile_named_in_the_check_tells_nothing(client):
         node, None, viewer=outsider
     )
     client.force_login(outsider)
-    data = profile_form_data(node, name="alpha-secret", hicache_size="150", tp_size="2")
+
+    def check(name: str) -> str:
+        data = profile_form_data(node, name=name, hicache_size="150", tp_size="2")
+        body: str = client.post(reverse("nodes:profile-check"), data).content.decode()
+        return body.replace(name, "NAME")
+
+    # Naming the hidden profile answers exactly as naming a new one does.
+    hidden = check("alpha-secret")
+    assert "own launches" not in hidden and hidden == check("brand-new")
+
+
+def test_a_revision_is_judged_against_the_node_as_inventoried_not_what_runs_now(client):
+    """Found by a newcomer: while an ad-hoc launch held the GPUs, saving a known-good profile
+    unchanged was blocked ("the weights fill the static pool … use more GPUs"), and other
+    revisions kept verdicts computed against busy GPUs."""
+    from django.urls import reverse
+
+    from tests.factories import profile_form_data
+
+    node = make_node(
+        "gpu-01", gpus=2, mem_available_bytes=40 * GB, sglang_version="0.5.9",
+        host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake",
+    )  # fmt: skip
+    launch = _running(node, "ad-hoc 20261204-212730-751d6a", adhoc=True)
+    empty = node_as_inventoried(node)
+    assert empty.gpu_used_bytes == (0, 0) and empty.mem_available_bytes == 440 * GB
+    client.force_login(make_user("otto", "operator"))
+    data = profile_form_data(node, name="llama", hicache_size="150", tp_size="2")
     body = client.post(reverse("nodes:profile-check"), data).content.decode()
-    assert "own launches" not in body and "400 GB pinned" not in body
+    # The verdict: against empty GPUs and the RAM the panel's launches give back.
+    assert "400 GB pinned by the panel&#x27;s launches there" in body
+    assert "90 GiB used" not in body and "verdict-block" not in body, body
+    # Could it start now? No, and it says what holds the GPUs.
+    now = body[body.index("Could it start on gpu-01 now") :]
+    assert "Not now (saving is not refused for this)" in now
+    assert f"#{launch.pk}" in now and "GPU 0" in now, now
+
+
+def test_a_model_folder_the_node_does_not_have_is_a_block_at_save_and_not_now(client):
+    """Found by a newcomer: a typo'd model path saved as a green ``ok`` and "Could it start
+    now? Yes"; only a grey subtitle said the folder was missing, and the launch then failed."""
+    from django.urls import reverse
+    from django.utils import timezone
+
+    from nodes.models import ModelReading
+    from nodes.services.model_facts import PROBE_PROBLEMS, model_facts
+    from tests.factories import profile_form_data
+
+    node = make_node(
+        "gpu-01", gpus=2, mem_available_bytes=400 * GB, sglang_version="0.5.9",
+        host_key="ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFake", status="ready",
+    )  # fmt: skip
+    data = profile_form_data(node, name="llama", hicache_size="10", tp_size="2")
+    typo = data["model_path"]
+    # What the agent's "no-folder" answer is stored as, a moment ago (no read is queued).
+    words = PROBE_PROBLEMS["no-folder"].format(path=typo, node=node.name)
+    ModelReading.objects.create(
+        node=node, model_path=typo, host=node.host, error=words, read_at=timezone.now()
+    )
+    model = model_facts(node, typo, wait=0)
+    assert model.missing == words
+    report = evaluate(["--model-path", typo, "--tp-size", "2"], node, model)
+    assert report.verdict == "block"
+    assert any(m.code == "model-missing" for m in report.messages)
+    with pytest.raises(ValueError, match="a blocked profile cannot be saved"):
+        save_revision(
+            profile_name="llama", args=["--model-path", typo, "--tp-size", "2"], env={},
+            message="", node=node, report=report, model=model, actor=make_user("ann", "operator"),
+        )  # fmt: skip
+    assert not ProfileRevision.objects.filter(profile__name="llama").exists()
+
+    client.force_login(make_user("otto", "operator"))
+    body = client.post(reverse("nodes:profile-check"), data).content.decode()
+    assert f"No model folder at {typo} on gpu-01: SGLang cannot start from it" in body
+    now = body[body.index("Could it start on gpu-01 now") :]
+    assert "Not now either" in now and "Yes:" not in now
