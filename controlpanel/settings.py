@@ -291,5 +291,8 @@ LOGGING = {
         # paramiko logs every connection, and every failed one with a traceback; Rankwise turns
         # those failures into RemoteError messages itself.
         "paramiko": {"level": "CRITICAL"},
+        # django-axes says INFO on every login; the audit trail keeps logins, failures and
+        # lockouts, and its warnings (a lockout) still show.
+        "axes": {"level": "WARNING"},
     },
 }

@@ -115,14 +115,29 @@ class Capacity:
     why: str = ""
 
 
-def bottleneck(samples: Sequence[Sample], server: Server) -> Capacity:
+#: What each pattern looks like while it builds, in words.
+BUILDING = {
+    "kv-bound": "requests have waited at a full device KV pool",
+    "preemption": "running requests have been retracted",
+    "compute-bound": "the batch has been at its running limit with the pool half empty",
+    "prefill-bound": "the first token has taken long with hardly a queue",
+    "host-pool": "HiCache has found almost no shared prefixes under load",
+}
+
+
+def bottleneck(samples: Sequence[Sample], server: Server, *, ended: bool = False) -> Capacity:
     """What bounds the server over its latest samples: the pattern that has held for at
-    least ``HOLD_S`` (the first that does, in ``BOTTLENECKS`` order); ``none`` when nothing
-    waits; ``unknown`` with fewer samples or figures than that takes."""
+    least ``HOLD_S`` (the first that does, in ``BOTTLENECKS`` order); ``unknown`` while one
+    that comes first still builds (the load's first seconds: a full pool is not yet named, and
+    nothing after it is named instead); ``none`` when nothing waits; ``unknown`` with fewer
+    samples or figures than that takes. For a server that has ``ended``, the verdict is that of
+    its last loaded period (the idle tail after the load is left out)."""
     known = sorted(
         (s for s in samples if s.running is not None and s.queued is not None),
         key=lambda s: s.t,
     )
+    if ended:
+        known = _loaded(known)
     if len(known) < 2 or known[-1].t - known[0].t < HOLD_S:
         return Capacity("unknown", why=f"fewer than {HOLD_S:g} s of load figures yet")
     windows: tuple[tuple[str, Callable[[Sequence[Sample]], list[Sample]]], ...] = (
@@ -134,8 +149,14 @@ def bottleneck(samples: Sequence[Sample], server: Server) -> Capacity:
     )
     for name, window_of in windows:
         window = window_of(known)
-        if window and window[-1].t - window[0].t >= HOLD_S:
-            return Capacity(name, window[-1].t - window[0].t, _figures(window, server))
+        if not window:
+            continue
+        held = window[-1].t - window[0].t
+        if held >= HOLD_S:
+            return Capacity(name, held, _figures(window, server))
+        if window[-1] is known[-1]:
+            why = f"{BUILDING[name]} for {held:g} s; it is named {name} once that holds {HOLD_S:g} s"
+            return Capacity("unknown", held, _figures(window, server), why)
     quiet = _trailing(known, lambda s: (s.queued or 0) == 0)
     figures = _figures(known[-max(2, len(quiet)) :], server)
     return Capacity("none", quiet[-1].t - quiet[0].t if quiet else 0.0, figures)
@@ -168,7 +189,21 @@ def _prefill_bound(s: Sample) -> bool:
 
 
 def _low_hits(s: Sample, server: Server) -> bool:
-    return server.hicache and s.cache_hit_rate is not None and s.cache_hit_rate < LOW_HIT_RATE
+    """HiCache on, requests running or waiting, and almost no prefix hits: the host pool does
+    not pay. An idle server has no hits to find, so it says nothing of the host pool."""
+    loaded = (s.running or 0) > 0 or (s.queued or 0) > 0
+    low = s.cache_hit_rate is not None and s.cache_hit_rate < LOW_HIT_RATE
+    return server.hicache and loaded and low
+
+
+def _loaded(samples: Sequence[Sample]) -> list[Sample]:
+    """The samples up to the last one under load (requests running or waiting): a stopped
+    server is judged by its load, not by the quiet after it. All of them when none was."""
+    last = max(
+        (i for i, s in enumerate(samples) if (s.running or 0) > 0 or (s.queued or 0) > 0),
+        default=len(samples) - 1,
+    )
+    return list(samples[: last + 1])
 
 
 def _trailing(samples: Sequence[Sample], holds: Callable[[Sample], bool]) -> list[Sample]:

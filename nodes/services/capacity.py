@@ -13,7 +13,7 @@ from nodes.domain import capacity, remedy
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Launch, ProfileRevision
-from nodes.models.choices import LaunchStatus
+from nodes.models.choices import LAUNCH_ACTIVE, LaunchStatus
 from nodes.services.model_facts import model_of
 from nodes.services.planner import mem_fraction_of
 from nodes.services.profiles import checker, evaluate, node_memory_for, save_revision
@@ -35,7 +35,8 @@ def _server(launch: Launch) -> capacity.Server:
 def bottleneck_of(launch: Launch) -> capacity.Capacity:
     """The bottleneck alone (cheap: no budget is run), for a page that polls."""
     samples = [capacity.Sample.of(s) for s in launch.metrics_series or [] if isinstance(s, dict)]
-    return capacity.bottleneck(samples, _server(launch))
+    ended = launch.status not in LAUNCH_ACTIVE
+    return capacity.bottleneck(samples, _server(launch), ended=ended)
 
 
 class CapacityRefused(ValueError):

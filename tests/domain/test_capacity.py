@@ -47,11 +47,16 @@ def test_the_incidents_server_is_bound_by_its_device_kv_pool_with_the_numbers():
 def test_a_pattern_is_named_only_once_it_has_held_for_30_s():
     short = _series(HOLD_S - 10, token_usage=0.95, running=40, queued=90)
     assert bottleneck(short, INCIDENT).bottleneck == "unknown"
-    # Full for the last 20 s only, after a quiet stretch: not yet KV-bound, and nothing waits
-    # in the quiet part either, so it is "none" over what held.
+    # Full for the last 15 s only, after a quiet stretch: not yet KV-bound, and not "none"
+    # either (requests wait): it says what builds.
     quiet = _series(60, token_usage=0.3, running=10, queued=0)
     full = [Sample(t=65 + i * 5, token_usage=0.95, running=40, queued=90) for i in range(4)]
-    assert bottleneck(quiet + full, INCIDENT).bottleneck == "none"
+    building = bottleneck(quiet + full, INCIDENT)
+    assert building.bottleneck == "unknown" and building.held_s == 15
+    assert building.why == (
+        "requests have waited at a full device KV pool for 15 s; it is named kv-bound once "
+        "that holds 30 s"
+    )
     assert bottleneck(quiet + full + [
         Sample(t=85 + i * 5, token_usage=0.95, running=40, queued=90) for i in range(3)
     ], INCIDENT).bottleneck == "kv-bound"  # fmt: skip
@@ -75,6 +80,30 @@ def test_a_pattern_is_named_only_once_it_has_held_for_30_s():
 )  # fmt: skip
 def test_each_pattern_is_named(server, gauges, expected):
     assert bottleneck(_series(45, **gauges), server).bottleneck == expected
+
+
+def test_a_load_that_fills_the_pool_is_never_called_host_pool_before_or_after():
+    """Found by a newcomer: with HiCache on and no shared prefixes, the first ~40 s of a load
+    that queued at 100 % KV were named ``host-pool``, and so was the verdict after the load."""
+    server = Server(200_000, hicache=True)
+    idle = _series(60, token_usage=0.0, running=0, queued=0, cache_hit_rate=0.0)
+    assert bottleneck(idle, server).bottleneck == "none"  # nothing runs: no hits to find
+    load = [
+        Sample(t=65 + i * 5, token_usage=1.0, running=30, queued=70, cache_hit_rate=0.0)
+        for i in range(12)
+    ]
+    for end in range(1, len(load) + 1):
+        found = bottleneck(idle + load[:end], server).bottleneck
+        assert found in ("unknown", "kv-bound"), (end, found)
+    assert bottleneck(idle + load, server).bottleneck == "kv-bound"
+    after = [
+        Sample(t=130 + i * 5, token_usage=0.0, running=0, queued=0, cache_hit_rate=0.0)
+        for i in range(20)
+    ]
+    # Still running, idle now: nothing bounds it. Stopped: the verdict of its loaded period.
+    assert bottleneck(idle + load + after, server).bottleneck == "none"
+    kept = bottleneck(idle + load + after, server, ended=True)
+    assert kept.bottleneck == "kv-bound" and kept.figures["queued"] == 70
 
 
 def test_retractions_that_keep_coming_are_preemption():
