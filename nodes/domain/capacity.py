@@ -155,7 +155,8 @@ def bottleneck(samples: Sequence[Sample], server: Server, *, ended: bool = False
         if held >= HOLD_S:
             return Capacity(name, held, _figures(window, server))
         if window[-1] is known[-1]:
-            why = f"{BUILDING[name]} for {held:g} s; it is named {name} once that holds {HOLD_S:g} s"
+            why = f"{BUILDING[name]} for {held:g} s; it is named {name} once that holds"
+            why += f" {HOLD_S:g} s"
             return Capacity("unknown", held, _figures(window, server), why)
     quiet = _trailing(known, lambda s: (s.queued or 0) == 0)
     figures = _figures(known[-max(2, len(quiet)) :], server)
