@@ -155,6 +155,8 @@ def _budget(report: BudgetReport) -> dict[str, Any]:
         "lines": report.lines,
         "messages": [{"level": m.level, "code": m.code, "text": m.text} for m in report.messages],
         "suggestion": report.suggestion,
+        "suggestion_cost": report.suggestion_cost,
+        "alternatives": report.alternatives,
     }
 
 

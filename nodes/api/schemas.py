@@ -99,6 +99,12 @@ class BudgetOut(Schema):
     lines: list[str]
     messages: list[dict[str, str]]
     suggestion: dict[str, Any] | None = None
+    #: What the suggestion costs: kv_tokens_before/after (per rank), requests_before/after of
+    #: request_tokens at once, and the sentence ("text"); "unavailable" said there when unknown.
+    suggestion_cost: dict[str, Any] | None = None
+    #: Other changes the check passes (removing HiCache): change, verdict, kv_tokens_per_rank,
+    #: cost, text.
+    alternatives: list[dict[str, Any]] = []
 
 
 class CandidateOut(Schema):

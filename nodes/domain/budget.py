@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 from packaging.version import Version
 
@@ -106,8 +107,88 @@ def check(
 
     report = on_node(flags)
     if report.suggestion:
-        _settle_suggestion(report, lambda change: on_node(_with_change(flags, change)))
+        after = _settle_suggestion(report, lambda change: on_node(_with_change(flags, change)))
+        if after is not None:
+            report.suggestion_cost = cost(report, after, request_tokens)
+            report.add("info", "suggestion_cost", report.suggestion_cost["text"])
+    if report.verdict != "ok" or report.suggestion:
+        _offer_without_hicache(report, flags, on_node, request_tokens)
     return report
+
+
+def cost(before: BudgetReport, after: BudgetReport, request_tokens: int) -> dict[str, Any]:
+    """What a change costs: the device KV pool per rank before and after (tokens), and how many
+    requests of ``request_tokens`` (prompt and output) it holds at once, with a sentence that
+    says so; "unavailable" with the reason where the pool cannot be sized."""
+    was, now = before.device_kv_tokens_per_rank, after.device_kv_tokens_per_rank
+    doc: dict[str, Any] = {
+        "kv_tokens_before": was,
+        "kv_tokens_after": now,
+        "request_tokens": request_tokens,
+        "requests_before": was // request_tokens if was is not None else None,
+        "requests_after": now // request_tokens if now is not None else None,
+    }
+    if was is None or now is None or was <= 0:
+        doc["text"] = (
+            "What it costs in device pool tokens is unavailable: the pool cannot be sized "
+            "without the model's geometry."
+        )
+        return doc
+    if now == was:
+        doc["text"] = (
+            f"It keeps the device KV pool at {now:,} tokens per rank "
+            f"({doc['requests_after']:,} requests of {request_tokens:,} tokens at once)."
+        )
+        return doc
+    share = f"{(now - was) / was * 100:+.0f} %".replace("-", "−")
+    moved = "shrinks" if now < was else "grows"
+    doc["text"] = (
+        f"It {moved} the device KV pool from {was:,} to {now:,} tokens per rank ({share}): "
+        f"{doc['requests_before']:,} → {doc['requests_after']:,} requests of "
+        f"{request_tokens:,} tokens at once."
+    )
+    return doc
+
+
+def _offer_without_hicache(
+    report: BudgetReport,
+    flags: ParsedCommand,
+    on_node: Callable[[ParsedCommand], BudgetReport],
+    request_tokens: int,
+) -> None:
+    """Where HiCache is on and forced a change (or a warning), offer removing it instead: the
+    device pool keeps its fraction; prefixes evicted from it are computed again instead of
+    loaded back from host memory (worth little at a low prefix hit rate)."""
+    if not flags.get("enable_hierarchical_cache", default=False):
+        return
+    drop: Change = {"--enable-hierarchical-cache": None}
+    for dest in sorted(flags.given):
+        if dest.startswith("hicache_"):
+            drop["--" + dest.replace("_", "-")] = None
+    if report.suggestion is not None and all(
+        report.suggestion.get(k, "unset") is None for k in drop
+    ):
+        return  # the suggestion is already this
+    without = on_node(_with_change(flags, drop))
+    if without.verdict == "block":
+        return
+    priced = cost(report, without, request_tokens)
+    text = (
+        f"Or remove HiCache (drop {' and '.join(drop)}), keeping the rest: this check passes it "
+        f"({without.verdict}). {priced['text']} Prefixes evicted from the device pool are then "
+        "computed again instead of loaded back from host memory: little is lost at a low prefix "
+        "hit rate."
+    )
+    report.alternatives.append(
+        {
+            "change": drop,
+            "verdict": without.verdict,
+            "kv_tokens_per_rank": without.device_kv_tokens_per_rank,
+            "cost": priced,
+            "text": text,
+        }
+    )
+    report.add("info", "alternative", text)
 
 
 #: How many times a suggestion is widened by what the check of it suggests in turn (the host
@@ -115,10 +196,13 @@ def check(
 SUGGESTION_ROUNDS = 4
 
 
-def _settle_suggestion(report: BudgetReport, recheck: Callable[[Change], BudgetReport]) -> None:
+def _settle_suggestion(
+    report: BudgetReport, recheck: Callable[[Change], BudgetReport]
+) -> BudgetReport | None:
     """Replace ``report.suggestion`` by the change that passes: the check of the command with
     the suggestion applied; where that is still blocked, its own suggestion added, up to
-    ``SUGGESTION_ROUNDS`` times. No suggestion where none passes."""
+    ``SUGGESTION_ROUNDS`` times. No suggestion where none passes. Returns the check of the
+    command with the suggestion, None without one."""
     change: Change = dict(report.suggestion or {})
     for _ in range(SUGGESTION_ROUNDS):
         after = recheck(change)
@@ -130,7 +214,7 @@ def _settle_suggestion(report: BudgetReport, recheck: Callable[[Change], BudgetR
                 "suggested_change",
                 f"Suggested change: {describe(change)} (this check passes it: {after.verdict}).",
             )
-            return
+            return after
         more = after.suggestion or {}
         if all(change.get(option) == value for option, value in more.items()):
             break
@@ -141,6 +225,7 @@ def _settle_suggestion(report: BudgetReport, recheck: Callable[[Change], BudgetR
         "no_suggestion",
         "No change of these flags alone passes this check; see the blocks above.",
     )
+    return None
 
 
 def _with_change(flags: ParsedCommand, change: Change) -> ParsedCommand:

@@ -117,6 +117,12 @@ class BudgetReport:
     #: A complete change (``{"--flag": value}``) that this check passes, and its verdict then.
     suggestion: dict[str, Any] | None = None
     suggestion_verdict: str | None = None
+    #: What the suggestion costs (``Cost.to_json``): device KV tokens per rank and requests of
+    #: ``request_tokens`` at once, before and after, and the sentence that says it.
+    suggestion_cost: dict[str, Any] | None = None
+    #: Other changes this check passes, each ``{"change", "verdict", "kv_tokens_per_rank",
+    #: "text"}``: removing the feature that forced the suggestion (HiCache), with its cost.
+    alternatives: list[dict[str, Any]] = field(default_factory=list)
     weights_bytes_per_rank: int | None = None
     free_before_load_bytes: int | None = None
     #: Where the two figures came from: ``source`` (observed, calibrated, estimate, partly

@@ -359,8 +359,40 @@ def options(
         found += _option(capacity, server, {"--kv-cache-dtype": FP8_KV}, checked, now,
                          "an fp8 KV cache holds twice the tokens in the same memory; fp8 KV can "
                          "cost some accuracy (check the model's evals)")  # fmt: skip
+    found += _without_hicache(capacity, server, mfs, now, recheck)
     found += _replicas(capacity, server, now, recheck, node_gpus)
     return found + _host_pool_option(capacity, server, recheck)
+
+
+def _without_hicache(
+    capacity: Capacity,
+    server: Server,
+    mfs: float | None,
+    now: Checked,
+    recheck: Callable[[dict[str, Any]], Checked],
+) -> list[Option]:
+    """Removing HiCache, with the highest ``--mem-fraction-static`` the budget then passes: the
+    host pool often forced the fraction down (before 0.5.13 it must outgrow the device pool),
+    and it keeps only prefixes, which pay little at a low hit rate."""
+    if not server.hicache or mfs is None:
+        return []
+    drop: dict[str, Any] = {"--enable-hierarchical-cache": None, "--hicache-size": None}
+    steps = range(round(mfs * 100), round(MAX_MFS * 100) + 1)
+    tried = [(s / 100, recheck({**drop, "--mem-fraction-static": s / 100})) for s in steps]
+    passing = [(x, c) for x, c in tried if c.verdict != "block" and c.pool_tokens]
+    clean = [(x, c) for x, c in passing if c.verdict == "ok"]
+    if not (chosen := (clean or passing)[-1:]):
+        return []
+    x, checked = chosen[0]
+    hits = capacity.figures.get("cache_hit_rate")
+    said = f"a prefix hit rate of {hits:.0%}" if hits is not None else "no prefix hit rate read"
+    what = (
+        f"remove HiCache ({said}: the host pool keeps prefixes only) and raise "
+        f"--mem-fraction-static from {mfs:g} to {x:g}"
+        if x > mfs
+        else f"remove HiCache ({said}: the host pool keeps prefixes only)"
+    )
+    return _option(capacity, server, {**drop, "--mem-fraction-static": x}, checked, now, what)
 
 
 def _replicas(

@@ -248,10 +248,11 @@ def _workload_context(post: Any) -> dict[str, Any]:
 
 
 def _with_suggestion(
-    request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any]
+    request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any], alternative: str = ""
 ) -> ProfileForm:
     """The form with the budget's suggested change applied to its flags (the change the panel
-    offers, computed again now), or as it was with a message where there is none."""
+    offers, computed again now), or its ``alternative`` (the index of ``report.alternatives``,
+    as text), or as it was with a message where there is none."""
     if not form.is_valid():
         return form
     node = form.cleaned_data["node"]
@@ -264,6 +265,13 @@ def _with_suggestion(
     memory = node_as_inventoried(node)
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)
+    if alternative:
+        index = int(alternative) if alternative.isdigit() else len(report.alternatives)
+        if index >= len(report.alternatives):
+            messages.info(request, "The budget offers no such alternative for these flags now.")
+            return form
+        change = report.alternatives[index]["change"]
+        return _applied(request, form, data, change, "the alternative")
     if not report.suggestion:
         messages.info(request, "The budget suggests no change for these flags now.")
         return form
@@ -579,6 +587,10 @@ def _profile_form(request: HtmxHttpRequest, profile: LaunchProfile | None) -> Ht
             form = ProfileForm(loaded)
     elif request.POST.get("action") == "apply":
         form = _with_suggestion(request, ProfileForm(data), data.dict())
+    elif str(request.POST.get("action", "")).startswith("apply-alternative-"):
+        form = _with_suggestion(
+            request, ProfileForm(data), data.dict(), alternative=request.POST["action"][18:]
+        )
     elif request.POST.get("plan_change"):
         form = _with_plan(request, ProfileForm(data), data.dict())
     else:

@@ -411,3 +411,45 @@ def test_with_no_host_pool_that_fits_the_suggestion_runs_without_hicache():
         "ok",
         "warn",
     )
+
+
+def test_every_suggested_change_says_what_it_costs_and_dropping_hicache_is_offered():
+    """Found by a newcomer: the fix cut the device pool by ~40 % without a sentence saying
+    so, and nothing offered turning hierarchical cache off (keeping 0.93) instead."""
+    h200 = NodeMemory((141 * GiB,) * 8, 449 * GB, mem_available_bytes=440 * GB)
+    report = run(INCIDENT, h200, geometry=from_config(KIMI), weights_bytes=544 * GB)
+    assert report.verdict == "block" and report.suggestion
+    priced = report.suggestion_cost
+    assert priced is not None and priced["kv_tokens_before"] == report.device_kv_tokens_per_rank
+    before, after = priced["kv_tokens_before"], priced["kv_tokens_after"]
+    assert before and after and after != before
+    assert priced["requests_before"] == before // 4096
+    assert f"from {before:,} to {after:,} tokens per rank" in priced["text"]
+    assert "It shrinks the device KV pool" in priced["text"]
+    assert "requests of 4,096 tokens at once" in priced["text"]
+    assert priced["text"] in text(report)
+    # The alternative: remove HiCache and keep the fraction (and with it the whole pool).
+    (drop,) = report.alternatives
+    assert drop["change"] == {"--enable-hierarchical-cache": None, "--hicache-size": None}
+    assert drop["verdict"] != "block" and drop["kv_tokens_per_rank"] == before
+    assert drop["text"].startswith(
+        "Or remove HiCache (drop --enable-hierarchical-cache and --hicache-size)"
+    )
+    assert f"It keeps the device KV pool at {before:,} tokens per rank" in drop["text"]
+    assert drop["text"] in text(report)
+
+
+def test_a_pool_it_cannot_size_says_its_cost_is_unavailable_not_a_number():
+    report = run(INCIDENT)  # no geometry: the device pool cannot be sized
+    assert report.suggestion
+    assert report.suggestion_cost["kv_tokens_after"] is None
+    assert "unavailable" in report.suggestion_cost["text"]
+
+
+def test_without_hicache_nothing_is_offered_to_drop():
+    report = run(
+        "python3 -m sglang.launch_server --model-path /m --tp-size 8 --mem-fraction-static 0.99",
+        geometry=from_config(KIMI),
+        weights_bytes=544 * GB,
+    )
+    assert report.alternatives == []

@@ -212,3 +212,39 @@ def test_a_retracting_server_is_offered_a_cap_at_the_requests_its_pool_holds_who
 def test_figures_no_server_gives_read_as_unknown():
     doc = {"t": 5, "num_running_reqs": -3, "token_usage": 1e308, "request_tokens": float("inf")}
     assert Sample.of(doc) == Sample(t=5.0)
+
+
+def test_a_kv_bound_server_with_hicache_is_offered_removing_it_for_a_larger_pool():
+    """The host pool forced the fraction down (0.5.9: it must outgrow the device pool); the
+    advisor offers removing HiCache with the fraction the budget then passes, and says what it
+    gives and what it costs (found by a newcomer: nothing offered turning HiCache off)."""
+
+    def with_hicache_rule(change: dict) -> Checked:
+        dropped = (
+            "--enable-hierarchical-cache" in change
+            and change["--enable-hierarchical-cache"] is None
+        )
+        if not dropped and change.get("--mem-fraction-static", 0.76) > 0.76:
+            return Checked("block", None)  # the host pool no longer outgrows the device pool
+        return _fake_budget({"--mem-fraction-static": 0.76, **change})
+
+    server = Server(pool_tokens=90_000, hicache=True)
+    capacity = Capacity(
+        "kv-bound", 60,
+        {"running": 40, "queued": 100, "avg_tokens_per_request": 2_000, "pool_tokens": 90_000,
+         "cache_hit_rate": 0.02},
+    )  # fmt: skip
+    offered = options(capacity, server, mfs=0.76, kv_dtype="fp8_e5m2", recheck=with_hicache_rule)
+    (drop,) = [o for o in offered if "--enable-hierarchical-cache" in o.change]
+    assert drop.change == {
+        "--enable-hierarchical-cache": None, "--hicache-size": None, "--mem-fraction-static": 0.9
+    }  # fmt: skip
+    assert drop.verdict == "ok" and drop.expected_running_requests > 40
+    assert drop.why.startswith(
+        "remove HiCache (a prefix hit rate of 2%: the host pool keeps prefixes only) and raise "
+        "--mem-fraction-static from 0.76 to 0.9: about "
+    )
+    assert "requests run at once instead of 40" in drop.why
+    # Without HiCache there is nothing to remove.
+    plain = options(capacity, Server(90_000), mfs=0.76, kv_dtype="fp8_e5m2", recheck=_fake_budget)
+    assert not [o for o in plain if "--enable-hierarchical-cache" in o.change]

@@ -374,3 +374,25 @@ def test_the_form_suggests_enable_metrics_until_it_is_there(operator_client, nod
     data = profile_form_data(node, extra_flags="--enable-metrics")
     with_it = operator_client.post(reverse("nodes:profile-check"), data)
     assert "Add <code>--enable-metrics</code>" not in with_it.content.decode()
+
+
+def test_the_budget_offers_removing_hicache_beside_its_suggestion_and_applies_it(
+    operator_client, node
+):
+    """The suggestion states its cost, and removing the feature that forced it is offered:
+    one click fills the form without HiCache, keeping the rest; nothing is saved."""
+    url = reverse("nodes:profile-create")
+    body = operator_client.post(url, profile_form_data(node)).content.decode()
+    assert 'id="suggestion-cost"' in body and "device pool tokens is unavailable" in body
+    assert "Or remove HiCache (drop --enable-hierarchical-cache and --hicache-size)" in body
+    assert 'value="apply-alternative-0"' in body
+    assert 'name="enable_hicache" id="id_enable_hicache" checked' in body
+    data = {**profile_form_data(node), "action": "apply-alternative-0"}
+    applied = operator_client.post(url, data).content.decode()
+    assert "Applied the alternative: without --enable-hierarchical-cache" in applied
+    assert 'name="enable_hicache" id="id_enable_hicache">' in applied
+    assert 'name="mem_fraction_static" value="0.93"' in applied
+    assert not ProfileRevision.objects.exists()
+    # An alternative that is not offered changes nothing.
+    stale = {**profile_form_data(node), "action": "apply-alternative-7"}
+    assert "offers no such alternative" in operator_client.post(url, stale).content.decode()
