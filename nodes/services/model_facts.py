@@ -20,6 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from nodes import ssh
@@ -37,6 +38,9 @@ ERROR_TTL_S = 30  # a folder that could not be read is asked again soon: it may 
 #: A read queued this long ago without an answer (its worker died) is queued again.
 REQUEST_STALE_S = 60
 POLL_S = 0.2
+#: A folder's reading not asked for this long is deleted (one row per node and folder ever
+#: named would otherwise grow without end); asked again, it is read again.
+KEEP_S = 7 * 24 * 3600
 PATH_MAX = 1024  # ModelReading.model_path's width, as the profile form bounds it
 HUB = "SGLang looks it up on the Hugging Face Hub"
 #: What each agent problem means, said of ``{path}`` on ``{node}``.
@@ -284,3 +288,13 @@ def _facts(node: Node, model_path: str, reading: ModelReading) -> ModelFacts:
         note = str(doc.get("headers_error") or "no safetensors headers")[:200]
         geometry = replace(geometry, headers_note=f"headers not read: {note}")
     return ModelFacts(geometry, doc.get("weights_bytes"), f"read from {node.name}:{model_path}")
+
+
+def prune() -> int:
+    """Delete the readings neither read nor asked for in ``KEEP_S``; how many went."""
+    cutoff = timezone.now() - timedelta(seconds=KEEP_S)
+    stale = ModelReading.objects.filter(
+        Q(read_at__lt=cutoff) | Q(read_at__isnull=True),
+        Q(requested_at__lt=cutoff) | Q(requested_at__isnull=True),
+    )
+    return stale.delete()[0]

@@ -25,7 +25,7 @@ from nodes.models import (
 from nodes.models.choices import (
     NodeStatus,
 )
-from nodes.services import readings
+from nodes.services import model_facts, readings
 from nodes.services.audit import record
 from nodes.services.credentials import target_for
 from nodes.services.readings import save_live, save_unreachable
@@ -93,7 +93,13 @@ def heartbeat_sweep(timeout: float = HEARTBEAT_TIMEOUT_S) -> list[Outcome]:
             save_live(node, outcome.facts)
         elif outcome.error is not None:
             save_unreachable(node, outcome.error)
-    log.info("heartbeat: %d nodes in %.2f s", len(nodes), time.monotonic() - started)
+    pruned = model_facts.prune()
+    log.info(
+        "heartbeat: %d nodes in %.2f s (%d stale model readings pruned)",
+        len(nodes),
+        time.monotonic() - started,
+        pruned,
+    )
     return list(outcomes.values())
 
 

@@ -409,3 +409,25 @@ def test_a_run_under_other_kv_settings_is_not_compared_with_the_estimate(operato
     table = html.unescape(page[page.find("Calibration from") :])
     assert "not compared: it ran with --kv-cache-dtype auto, this revision fp8_e5m2" in table
     assert "+100.0 %" not in table and "-50.0 %" not in table
+
+
+@pytest.mark.django_db
+def test_model_readings_not_asked_for_in_a_week_are_pruned():
+    from datetime import timedelta
+
+    from nodes.services.model_facts import prune
+
+    node = make_node("gpu-01", host_key=KEY)
+    now = timezone.now()
+    for path, read in (("/old", now - timedelta(days=8)), ("/recent", now - timedelta(days=2))):
+        ModelReading.objects.create(node=node, model_path=path, host=node.host, read_at=read)
+    # Asked for again lately (a read queued), even if the last answer is old: kept.
+    ModelReading.objects.create(
+        node=node, model_path="/asked", host=node.host, read_at=now - timedelta(days=30),
+        requested_at=now - timedelta(minutes=1),
+    )  # fmt: skip
+    assert prune() == 1
+    assert sorted(ModelReading.objects.values_list("model_path", flat=True)) == [
+        "/asked",
+        "/recent",
+    ]
