@@ -78,6 +78,8 @@ class NodeFacts:
     # The node's addresses, ``(interface, "address/prefix")`` (``ip -j addr``, link-local left
     # out): where a multi-node launch's nodes meet.
     interfaces: tuple[tuple[str, str], ...] = ()
+    # The node's user names (for the user servers run as); None when not listed.
+    accounts: tuple[str, ...] | None = None
 
     @property
     def gpus_detected(self) -> bool:
@@ -91,6 +93,7 @@ class NodeFacts:
         doc["notes"] = list(self.notes)
         doc["live_launches"] = list(self.live_launches) if self.live_launches is not None else None
         doc["interfaces"] = [list(i) for i in self.interfaces]
+        doc["accounts"] = list(self.accounts) if self.accounts is not None else None
         return doc
 
 
@@ -107,7 +110,7 @@ def facts_from_json(doc: dict[str, Any]) -> NodeFacts:
         )
         for g in doc["gpus"]
     )
-    skip = ("gpus", "problems", "notes", "live_launches", "interfaces")
+    skip = ("gpus", "problems", "notes", "live_launches", "interfaces", "accounts")
     rest = {k: v for k, v in doc.items() if k not in skip}
     live = doc.get("live_launches")
     return NodeFacts(
@@ -116,6 +119,7 @@ def facts_from_json(doc: dict[str, Any]) -> NodeFacts:
         notes=tuple(doc.get("notes", ())),
         live_launches=tuple(live) if isinstance(live, list) else None,
         interfaces=tuple((str(n), str(a)) for n, a in doc.get("interfaces") or ()),
+        accounts=_names(doc.get("accounts")),
         **rest,
     )
 
@@ -181,6 +185,7 @@ def parse_probe(text: str) -> NodeFacts:
         notes=tuple(notes),
         live_launches=_live_launches(doc.get("live_launches")),
         interfaces=_interfaces(doc.get("interfaces")),
+        accounts=_names(doc.get("accounts")),
     )
 
 
@@ -271,6 +276,13 @@ def parse_smi(
         except (IndexError, ValueError):
             raise ProbeError(f"unexpected nvidia-smi row: {line[:120]!r}") from None
     return tuple(gpus)
+
+
+def _names(value: Any) -> tuple[str, ...] | None:
+    """A list of user names as the probe gave it (strings only), None when it gave none."""
+    if not isinstance(value, list):
+        return None
+    return tuple(str(v) for v in value if isinstance(v, str))
 
 
 def gpu_reading_words(source: str | None, module: dict[str, Any], nvml_error: str | None) -> str:

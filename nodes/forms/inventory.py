@@ -138,6 +138,12 @@ class NodeForm(forms.ModelForm[Node]):
         user: str = (self.cleaned_data.get("run_as_user") or "").strip()
         if user and (message := rules.check_run_as_user(user)):
             raise forms.ValidationError(message)
+        known = (self.instance.facts or {}).get("accounts") if self.instance.pk else None
+        if user and isinstance(known, list) and user not in known:
+            raise forms.ValidationError(
+                f"{self.instance.name} has no user {user!r} (as its last discovery listed its "
+                "users): create the account there, discover the node again, then name it."
+            )
         return user
 
     def clean_allowed_env_text(self) -> list[str]:

@@ -457,6 +457,16 @@ def sglang(python: str) -> tuple[str | None, str | None]:
     return result.stdout.strip(), None
 
 
+def accounts(most: int = 5000) -> list[str] | None:
+    """The node's user names (``getpwall``: /etc/passwd and any directory NSS enumerates), for
+    checking the user servers run as; None when they cannot be listed or are too many."""
+    try:
+        names = sorted({entry.pw_name for entry in pwd.getpwall()})
+    except Exception:  # an NSS source that refuses to enumerate
+        return None
+    return names if len(names) <= most else None
+
+
 def os_release() -> str:
     for line in (_read("/etc/os-release") or "").splitlines():
         if line.startswith("PRETTY_NAME="):
@@ -516,6 +526,7 @@ def probe(args: list[str]) -> dict[str, Any]:
         doc["os"] = os_release()
         doc["kernel"] = platform.release()
         doc["interfaces"] = interfaces()
+        doc["accounts"] = accounts()
         doc["sglang_version"], errors["sglang"] = sglang(args[0] if args else "python3")
     return doc
 

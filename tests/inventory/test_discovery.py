@@ -99,6 +99,10 @@ def test_a_node_with_its_own_pynvml_answers_by_nvml_and_says_whose(sim_fleet):
     facts = discovery.discover(node.pk)
     assert facts.gpu_source == "nvml" and facts.pynvml_from == "node"
     assert facts.gpu_reading.startswith("NVML, through the node's pynvml")
+    # Its users, for the user servers run as (checked when an admin names one).
+    assert facts.accounts is not None and "root" in facts.accounts
+    node.refresh_from_db()
+    assert "root" in node.facts["accounts"]
 
 
 def test_driver_missing_is_gpus_not_detected_with_the_reason_never_zero_gpus(sim_fleet, client):

@@ -24,6 +24,23 @@ def test_root_is_refused_as_the_unprivileged_user_and_nothing_changes(admin_clie
     assert Node.objects.get(pk=node.pk).run_as_user == "sglang"
 
 
+def test_a_user_the_node_does_not_have_is_refused_at_save(admin_client_):
+    """The user servers run as is checked against the users the node's discovery listed
+    (before, a typo saved and every launch then failed to start)."""
+    node = make_node(host="gpu-01.example.net", facts={"accounts": ["root", "sglang"]})
+    url = reverse("nodes:node-edit", args=[node.pk])
+    page = admin_client_.post(url, node_form_data(run_as_user="sglnag")).content.decode()
+    assert "gpu-01 has no user &#x27;sglnag&#x27;" in page
+    assert Node.objects.get(pk=node.pk).run_as_user == ""
+    admin_client_.post(url, node_form_data(run_as_user="sglang"))
+    assert Node.objects.get(pk=node.pk).run_as_user == "sglang"
+    # A node whose users were not listed (discovered before this, or too many) is not judged.
+    unlisted = make_node("gpu-02", host="gpu-02.example.net")
+    url = reverse("nodes:node-edit", args=[unlisted.pk])
+    admin_client_.post(url, node_form_data(name="gpu-02", run_as_user="anyone"))
+    assert Node.objects.get(pk=unlisted.pk).run_as_user == "anyone"
+
+
 def test_the_node_page_and_the_launch_form_say_when_servers_run_as_root(operator_client):
     root = make_node("gpu-01", ssh_user="root")
     make_node("gpu-02", ssh_user="root", run_as_user="sglang")
