@@ -6,10 +6,12 @@ warnings and errors), so a launch with a million stored lines answers as fast as
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db import connection
+from django.db.models import Q, QuerySet
 
 from nodes.domain.log_lines import LEVELS
 from nodes.models import Launch, LaunchLogLine
@@ -138,10 +140,19 @@ def _rows(lines: QuerySet[LaunchLogLine]) -> list[Row]:
     return [(s, t, lv, r, n) for s, t, lv, r, n in lines.values_list(*FIELDS)]
 
 
+def _containing(text: str) -> Q:
+    """Lines containing ``text``, any case. SQLite's LIKE folds ASCII letters only (``äö``
+    would not find ``ÄÖ``), so there text beyond ASCII is matched by Python's ``re`` (Django's
+    REGEXP for SQLite), which folds every letter; PostgreSQL's UPPER does already."""
+    if text.isascii() or connection.vendor != "sqlite":
+        return Q(text__icontains=text)
+    return Q(text__iregex=re.escape(text))
+
+
 def search(launch: Launch, text: str, filters: Filters = Filters()) -> tuple[int, list[Row]]:  # noqa: B008
-    """Stored lines containing ``text`` (case-insensitive), the first ``MATCHES_MAX`` in order,
-    and how many there are (counted up to ``COUNT_MAX``)."""
-    lines = filters.apply(launch, launch.lines.filter(text__icontains=text)).order_by("seq")
+    """Stored lines containing ``text`` (case-insensitive, every alphabet), the first
+    ``MATCHES_MAX`` in order, and how many there are (counted up to ``COUNT_MAX``)."""
+    lines = filters.apply(launch, launch.lines.filter(_containing(text))).order_by("seq")
     rows = _rows(lines[:MATCHES_MAX])
     if len(rows) < MATCHES_MAX:
         return len(rows), rows
@@ -156,7 +167,7 @@ def matches_after(
 ) -> tuple[list[Row], bool]:
     """The next ``MATCHES_MAX`` stored lines after line ``after`` containing ``text`` (as
     ``search`` finds them), and whether more follow."""
-    lines = filters.apply(launch, launch.lines.filter(text__icontains=text, seq__gt=after))
+    lines = filters.apply(launch, launch.lines.filter(_containing(text), seq__gt=after))
     rows = _rows(lines.order_by("seq")[: MATCHES_MAX + 1])
     return rows[:MATCHES_MAX], len(rows) > MATCHES_MAX
 

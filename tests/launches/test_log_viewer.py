@@ -104,6 +104,20 @@ def test_search_over_the_whole_log_counts_and_lists_matches(viewer_client, long_
     assert [m[0] for m in within["matches"]] == [3000, 6000, 9000]
 
 
+def test_search_folds_case_beyond_ascii(viewer_client, node, revision):  # noqa: F811
+    """SQLite's LIKE folds ASCII only: ``äö`` did not find ``ÄÖ`` on the default database."""
+    launch = make_launch(revision, node)
+    texts = ["Modell GRÖSSE geladen", "ÄÖ-Prüfung bestanden", "nothing here", "straße ok"]
+    LaunchLogLine.objects.bulk_create(
+        LaunchLogLine(launch=launch, seq=i, text=t) for i, t in enumerate(texts, start=1)
+    )
+    url = reverse("nodes:launch-search", args=[launch.pk])
+    assert [m[0] for m in viewer_client.get(url, {"q": "äö"}).json()["matches"]] == [2]
+    assert [m[0] for m in viewer_client.get(url, {"q": "grösse"}).json()["matches"]] == [1]
+    # Regular-expression characters in the text are only text.
+    assert viewer_client.get(url, {"q": "ö-p.*"}).json()["count"] == 0
+
+
 @pytest.mark.parametrize(
     ("where", "query", "said"),
     [
