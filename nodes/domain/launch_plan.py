@@ -7,7 +7,7 @@ The checks' ``name`` is what an operator passes to ``--override`` to launch desp
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -263,7 +263,11 @@ def check_quarantine(quarantined: Mapping[int, str], chosen: Sequence[int]) -> C
     return Check("quarantine", True, "no chosen GPU is quarantined")
 
 
-def check_gpus_idle(gpus: Sequence[GpuNow], chosen: Sequence[int]) -> Check:
+def check_gpus_idle(
+    gpus: Sequence[GpuNow], chosen: Sequence[int], quarantined: Collection[int] = ()
+) -> Check:
+    """Refuses chosen GPUs a process uses or memory holds; memory with no process on a GPU a
+    cleanup already ``quarantined`` is said as that (a reboot frees it, not another cleanup)."""
     by_index = {g.index: g for g in gpus}
     problems = []
     for index in chosen:
@@ -277,9 +281,14 @@ def check_gpus_idle(gpus: Sequence[GpuNow], chosen: Sequence[int]) -> Check:
                 f"GPU {index} is used by {pids}: {format_bytes(gpu.memory_used_bytes, 'GiB')} held"
             )
         elif gpu.memory_used_bytes > IDLE_GPU_BYTES:
+            why = (
+                "quarantined: a cleanup could not free it; a driver reload or a reboot does"
+                if index in quarantined
+                else "held memory; clean up first"
+            )
             problems.append(
                 f"GPU {index} has {format_bytes(gpu.memory_used_bytes, 'GiB')} used with no "
-                "process (held memory; clean up first)"
+                f"process ({why})"
             )
     if problems:
         return Check("gpus_idle", False, "; ".join(problems))

@@ -145,17 +145,22 @@ def summarise_metrics(text: str) -> dict[str, float]:
     return summary
 
 
+#: What prometheus_client's text parser raises on a malformed line: ``ValueError`` mostly, and
+#: ``IndexError`` where a label set ends early (0.26.0: ``x{, =00} 1``; found by Hypothesis).
+PARSE_ERRORS = (ValueError, IndexError, KeyError, TypeError)
+
+
 def _samples(text: str) -> Iterator[Sample]:
     """Every sample of the exposition. The parser gives up on the whole text at its first
-    malformed line (``ValueError``), so such a text is read again line by line, and only the
+    malformed line (``PARSE_ERRORS``), so such a text is read again line by line, and only the
     lines it cannot read are left out."""
     try:
         families = list(text_string_to_metric_families(text))
-    except ValueError:
+    except PARSE_ERRORS:
         for line in text.splitlines():
             try:
                 families = list(text_string_to_metric_families(line))
-            except ValueError:
+            except PARSE_ERRORS:
                 continue
             yield from (sample for family in families for sample in family.samples)
         return

@@ -588,8 +588,9 @@ def preflight(launch: Launch, found: agent.Prepared) -> tuple[list[plan.Check], 
         plan.GpuNow(g.index, g.memory_used_bytes, tuple((p.pid, p.name) for p in g.processes))
         for g in facts.gpus
     ]
-    checks.append(plan.check_quarantine(quarantines.quarantined(node), launch.gpus))
-    checks.append(plan.check_gpus_idle(now, launch.gpus))
+    held = quarantines.quarantined(node)
+    checks.append(plan.check_quarantine(held, launch.gpus))
+    checks.append(plan.check_gpus_idle(now, launch.gpus, quarantined=set(held)))
     # What the GPUs held before (another user's memory, if overridden) is not this launch's.
     before = {str(g.index): g.memory_used_bytes for g in now if g.index in launch.gpus}
     first = timeline.sample(

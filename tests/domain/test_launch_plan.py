@@ -75,8 +75,14 @@ def test_gpus_with_a_foreign_process_or_held_memory_fail_with_the_pids():
     check = plan.check_gpus_idle(gpus, [0, 1, 2])
     assert not check.passed
     assert "GPU 1 is used by PID 4242 (python3): 20 GiB held" in check.detail
-    assert "GPU 2 has 80 GiB used with no process" in check.detail
+    assert "GPU 2 has 80 GiB used with no process (held memory; clean up first)" in check.detail
     assert plan.check_gpus_idle(gpus, [0]).passed
+    # A GPU a cleanup already quarantined is not sent back to the cleanup (a newcomer's find).
+    held = plan.check_gpus_idle(gpus, [2], quarantined={2})
+    assert "clean up first" not in held.detail
+    assert "quarantined: a cleanup could not free it; a driver reload or a reboot does" in (
+        held.detail
+    )
 
 
 def test_a_warn_verdict_passes_with_its_warning_and_block_fails():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from nodes.domain.redact import mask_text, secret_values
@@ -84,6 +84,7 @@ def test_a_malformed_line_costs_only_itself():
 
 
 @settings(max_examples=300, deadline=None)
+@example(["{, =00"])  # prometheus_client 0.26.0 raised IndexError on it (a newcomer's run)
 @given(st.lists(st.text(alphabet='{}",= #\\\n\t.:_sglang0123456789eE+-', max_size=40), max_size=8))
 def test_any_text_is_summarised_without_raising(lines):
     summary = summarise_metrics("\n".join(["sglang:token_usage 0.5", *lines]))
