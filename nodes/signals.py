@@ -34,7 +34,14 @@ def audit_login_failed(
 ) -> None:
     # Only the user name is kept; Django has already masked anything that looks like a password.
     tried = str(credentials.get("username", ""))[:150]
-    record("auth.login_failed", actor=None, actor_name=tried or "anonymous", request=request)
+    address = request.META.get("REMOTE_ADDR") if request is not None else None
+    record(
+        "auth.login_failed",
+        actor=None,
+        actor_name=tried or "anonymous",
+        after={"address": address},
+        request=request,
+    )
 
 
 @receiver(user_locked_out)

@@ -53,6 +53,8 @@ def start_panel(database: str, redis_url: str, logs: Path) -> Panel:
             "127.0.0.1",
             "--port",
             str(port),
+            # As ./run starts it: X-Forwarded-For is not believed without a trusted proxy.
+            "--no-proxy-headers",
             "--log-level",
             "warning",
         ],

@@ -23,6 +23,7 @@ def test_login_logout_and_failed_login_are_recorded(viewer):
     ]
     failed = AuditEntry.objects.get(action="auth.login_failed")
     assert failed.actor is None and failed.request_id
+    assert failed.after == {"address": "127.0.0.1"}  # where the attempt came from
     assert "wrong" not in str(failed.before) + str(failed.after)
 
 

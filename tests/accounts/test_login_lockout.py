@@ -85,3 +85,40 @@ def test_a_success_clears_the_count():
     client.logout()
     for n in range(9):
         assert _log_in(client, "olga", f"guess-{n}").status_code == 200
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_forged_x_forwarded_for_does_not_escape_the_lockout(panel):
+    """Found by an attacker: uvicorn believed X-Forwarded-For from 127.0.0.1, where the panel
+    listens, so a new forged address per try escaped the count. The panel as ./run starts it
+    takes the connection's address unless RANKWISE_TRUSTED_PROXIES names the proxy."""
+    import re
+    from pathlib import Path
+
+    import requests
+
+    assert "--no-proxy-headers" in (Path(__file__).resolve().parents[2] / "run").read_text()
+    make_user("olga", "operator")
+    url = f"{panel.url}{reverse('login')}"
+
+    def attempt(password: str, n: int) -> int:
+        with requests.Session() as session:
+            page = session.get(url, timeout=30).text
+            token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', page)
+            assert token
+            forged = {"X-Forwarded-For": f"198.51.100.{n}", "Referer": url}
+            done = session.post(
+                url,
+                {"username": "olga", "password": password, "csrfmiddlewaretoken": token[1]},
+                headers=forged,
+                allow_redirects=False,
+                timeout=30,
+            )
+            return done.status_code
+
+    answers = [attempt(f"guess-{n}", n) for n in range(12)]
+    assert answers[:9] == [200] * 9 and set(answers[9:]) == {429}
+    assert attempt(PASSWORD, 99) == 429
+    assert AuditEntry.objects.filter(action="auth.locked_out").exists()
+    addresses = {e.after["address"] for e in AuditEntry.objects.filter(action="auth.login_failed")}
+    assert addresses == {"127.0.0.1"}
