@@ -18,22 +18,37 @@ from typing import Any
 GiB = 2**30
 _RANK = re.compile(r"^\[[^\]]*?\bTP(\d+)\b[^\]]*\]")
 _BEGIN = re.compile(r"Load weight begin\. avail mem=([\d.]+) GB")
-_END = re.compile(r"Load weight end\..*?mem usage=([\d.]+) GB")
+#: ``Load weight end. …, mem usage=Y GB``: found as the text after the first ``_END_AT`` (a lazy
+#: ``.*?`` from every occurrence would take time growing with the square of a pasted line).
+_END_AT = "Load weight end."
+_END = re.compile(r"mem usage=([\d.]+) GB")
 _KV = re.compile(r"KV Cache is allocated\.(?: dtype: [^,]+,)? #tokens: (\d+)")
 # SGLang prints its arguments once at start-up: ``server_args=ServerArgs(model_path='…', …,
-# tp_size=4, …)`` (python/sglang/srt/server_args.py, dataclass repr).
-_ARG_MODEL = re.compile(r"server_args=ServerArgs\(.*?\bmodel_path='([^']*)'")
-_ARG_TP = re.compile(r"server_args=ServerArgs\(.*?\btp_size=(\d+)")
+# tp_size=4, …)`` (python/sglang/srt/server_args.py, dataclass repr). They are read from the text
+# after the first ``_ARGS_AT`` of a line (see ``_server_args``).
+_ARGS_AT = "server_args=ServerArgs("
+_ARG_MODEL = re.compile(r"\bmodel_path='([^']*)'")
+_ARG_TP = re.compile(r"\btp_size=(\d+)")
 _MAX = re.compile(r"max_total_num_tokens=(-?\d+)")
+#: The longest line read for figures: SGLang's are under 300 characters, its ``server_args``
+#: under 20,000; a pasted log's longer lines are read this far, so one line costs bounded time.
+LINE_MAX = 4096
+ARGS_MAX = 65536
+#: A line's rank prefix (``[time DP0 TP3 EP3]``) is within its first characters.
+PREFIX_MAX = 200
 #: The settings a device KV pool's size depends on beside the GPU and the weights (SGLang's
 #: ``ModelRunner.profile_max_num_token``: the fraction of memory kept, the bytes per token's
 #: cache, a cap on tokens), as ``server_args`` prints them. Token counts from a run with other
 #: values are no measure of an estimate for these (fp8 holds twice the tokens of bf16).
 POOL_SETTINGS = ("kv_cache_dtype", "mem_fraction_static", "max_total_tokens")
-_ARG_SETTING = {
-    name: re.compile(rf"server_args=ServerArgs\(.*?\b{name}=('[^']*'|[\w.]+)")
-    for name in POOL_SETTINGS
-}
+_ARG_SETTING = {name: re.compile(rf"\b{name}=('[^']*'|[\w.]+)") for name in POOL_SETTINGS}
+
+
+def _server_args(line: str) -> str | None:
+    """The text of a line after its first ``server_args=ServerArgs(`` (at most ``ARGS_MAX``
+    characters), None when it has none."""
+    at = line.find(_ARGS_AT)
+    return None if at < 0 else line[at + len(_ARGS_AT) : at + len(_ARGS_AT) + ARGS_MAX]
 
 
 def pool_settings_of(values: dict[str, Any]) -> dict[str, str]:
@@ -46,11 +61,12 @@ def pool_settings_of(values: dict[str, Any]) -> dict[str, str]:
 def pool_settings_in(lines: Iterable[str]) -> dict[str, str] | None:
     """``POOL_SETTINGS`` as a log's ``server_args`` line prints them; None without that line."""
     for line in lines:
-        if "server_args=ServerArgs(" not in line:
+        args = _server_args(line)
+        if args is None:
             continue
         found = {}
         for name, pattern in _ARG_SETTING.items():
-            if (match := pattern.search(line)) is not None:
+            if (match := pattern.search(args)) is not None:
                 found[name] = match[1].strip("'")
         return pool_settings_of(found)
     return None
@@ -132,17 +148,20 @@ def parse(lines: Iterable[str]) -> Figures:
     a GPU holds (``MEMORY_MAX_BYTES``, ``TOKENS_MAX``)."""
     ranks: dict[int, RankFigures] = {}
     max_total = model_path = tp_size = None
-    for line in lines:
-        if model_path is None and (arg := _ARG_MODEL.search(line)):
+    for whole in lines:
+        args = _server_args(whole)
+        if args is not None and model_path is None and (arg := _ARG_MODEL.search(args)):
             model_path = arg.group(1)
-        if tp_size is None and (arg := _ARG_TP.search(line)):
+        if args is not None and tp_size is None and (arg := _ARG_TP.search(args)):
             tp_size = _tokens(arg.group(1), "tp_size")
-        found = _RANK.search(line)
+        line = whole[:LINE_MAX]
+        found = _RANK.search(line[:PREFIX_MAX])
         rank = int(found.group(1)) if found else 0
         figures = ranks.setdefault(rank, RankFigures(rank))
+        end = line.find(_END_AT)
         if match := _BEGIN.search(line):
             figures.free_before_load_bytes = _gib(match.group(1), "avail mem")
-        elif match := _END.search(line):
+        elif end >= 0 and (match := _END.search(line, end)):
             figures.weights_bytes = _gib(match.group(1), "mem usage")
         elif match := _KV.search(line):
             figures.kv_tokens = _tokens(match.group(1), "#tokens")

@@ -139,6 +139,13 @@ def record_log(
     model_path = str(flags.get("model_path", default="") or "")
     check_fits(figures, model_path, tp_of(flags))
     first = node.gpus.order_by("index").first()
+    if checkpoint_bytes is None:
+        # Anyone may paste anything: figures nothing can be checked against are not taken.
+        raise CalibrationError(
+            f"the model at {model_path or '?'} has not been read on {node.name} yet, so its "
+            "figures cannot be checked against its checkpoint: check the revision (which reads "
+            "the model there), then paste the log again"
+        )
     check_plausible(
         figures,
         checkpoint_bytes=checkpoint_bytes,
@@ -193,10 +200,10 @@ def _store(
 
 
 def _checkpoint_bytes(node: Node, model_path: str) -> int | None:
-    """The model's tensors as last read on the node (never waits on it), None when not read."""
-    from nodes.services.model_facts import model_facts
+    """The model's tensors as last read on the node (never waits on it), None when never read."""
+    from nodes.services.model_facts import known_checkpoint_bytes
 
-    return model_facts(node, model_path, wait=0).weights_bytes if model_path else None
+    return known_checkpoint_bytes(node, model_path)
 
 
 def applying_to(profile_name: str | None) -> Q:
@@ -206,24 +213,69 @@ def applying_to(profile_name: str | None) -> Q:
     return scope | Q(profile__name=profile_name) if profile_name else scope
 
 
+def plausible(
+    calibration: Calibration, checkpoint_bytes: int | None, ranks: int, gpu_memory_bytes: int | None
+) -> str | None:
+    """Why the stored figures cannot be right for the checkpoint known now (None: they can)."""
+    figures = Figures(
+        free_before_load_bytes=calibration.free_before_load_bytes,
+        weights_per_rank_bytes=calibration.weights_per_rank_bytes,
+        kv_tokens=calibration.kv_tokens,
+        ranks=(),
+    )
+    try:
+        check_plausible(
+            figures,
+            checkpoint_bytes=checkpoint_bytes,
+            ranks=ranks,
+            gpu_memory_bytes=gpu_memory_bytes,
+        )
+    except CalibrationError as exc:
+        return str(exc)
+    return None
+
+
 def latest(
-    model_path: str, gpu_names: Iterable[str], tp: int, profile_name: str | None = None
+    model_path: str,
+    gpu_names: Iterable[str],
+    tp: int,
+    profile_name: str | None = None,
+    *,
+    checkpoint_bytes: int | None = None,
+    ranks: int = 1,
 ) -> Calibration | None:
     """The newest calibration of the model folder on one of these GPU models at this TP that
-    applies to the profile ``profile_name`` (None: to any check, so fleet-wide ones only)."""
+    applies to the profile ``profile_name`` (None: to any check, so fleet-wide ones only) and
+    is possible for the checkpoint as known now (``checkpoint_bytes`` over ``ranks``: figures
+    stored before it was known are checked again at every use)."""
     names = {n for n in gpu_names if n}
     if not model_path or not names:
         return None
-    return (
+    found = (
         Calibration.objects.filter(model_path=model_path, gpu_name__in=names, tp_size=tp)
         .filter(applying_to(profile_name))
         .order_by("-created", "-id")
-        .first()
     )
+    for calibration in found[:20]:
+        if plausible(calibration, checkpoint_bytes, ranks, None) is None:
+            return calibration
+    return None
 
 
 def promote(calibration: Calibration, actor: str) -> None:
-    """Let a pasted log's figures calibrate every profile of its model × GPU × TP."""
+    """Let a pasted log's figures calibrate every profile of its model × GPU × TP, once they
+    are checked again against the checkpoint as known now; raises ``CalibrationError`` with
+    the reason when they cannot be (unknown checkpoint, impossible figures)."""
+    node = calibration.node
+    known = _checkpoint_bytes(node, calibration.model_path) if node is not None else None
+    if known is None:
+        raise CalibrationError(
+            "its model has not been read on its node, so its figures cannot be checked"
+        )
+    gpu = node.gpus.order_by("index").first() if node is not None else None
+    ranks_of = max(1, calibration.tp_size)  # a pasted log's ranks: its TP size (PP 1)
+    if why := plausible(calibration, known, ranks_of, gpu.memory_total_bytes if gpu else None):
+        raise CalibrationError(why)
     calibration.promoted_by, calibration.promoted_at = actor[:150], timezone.now()
     calibration.save(update_fields=["promoted_by", "promoted_at"])
 
@@ -233,12 +285,18 @@ def observed_for(
     gpu_names: Iterable[str],
     used_now: int = 0,
     profile_name: str | None = None,
+    checkpoint_bytes: int | None = None,
 ) -> tuple[Observed | None, Calibration | None]:
-    """Observed figures for the budget from the newest calibration that applies (``latest``),
-    its free memory before load moved by what the GPUs hold now compared with then; (None,
-    None) if none."""
+    """Observed figures for the budget from the newest calibration that applies and is possible
+    for the checkpoint (``latest``), its free memory before load moved by what the GPUs hold now
+    compared with then; (None, None) if none."""
     found = latest(
-        str(flags.get("model_path", default="") or ""), gpu_names, tp_of(flags), profile_name
+        str(flags.get("model_path", default="") or ""),
+        gpu_names,
+        tp_of(flags),
+        profile_name,
+        checkpoint_bytes=checkpoint_bytes,
+        ranks=ranks(flags),
     )
     if found is None:
         return None, None

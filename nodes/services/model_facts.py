@@ -229,6 +229,20 @@ def _row(node: Node, model_path: str) -> ModelReading:
     return row
 
 
+def known_checkpoint_bytes(node: Node, model_path: str) -> int | None:
+    """The checkpoint's size (bytes of its tensors) as last read on the node, however long ago
+    (a checkpoint rarely changes, and a stale size is better than none for judging whether a
+    figure is possible); None when the folder was never read there."""
+    if not model_path:
+        return None
+    row = ModelReading.objects.filter(
+        node=node, model_path=posixpath.normpath(model_path), host=node.host
+    ).first()
+    answer = row.answer if row is not None else None
+    size = answer.get("weights_bytes") if isinstance(answer, dict) else None
+    return size if isinstance(size, int) and size > 0 else None
+
+
 def _fresh(node: Node, model_path: str) -> ModelReading | None:
     """The stored reading, if it is recent enough to use and of the node's current address."""
     row = ModelReading.objects.filter(node=node, model_path=model_path, host=node.host).first()

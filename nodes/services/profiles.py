@@ -23,7 +23,7 @@ from nodes.flag_tables import DEFAULT_VERSION, table
 from nodes.models import Commitment, LaunchProfile, Node, ProfileRevision
 from nodes.services import calibrations, teams
 from nodes.services.audit import record
-from nodes.services.model_facts import ModelFacts, model_facts, model_of
+from nodes.services.model_facts import ModelFacts, known_checkpoint_bytes, model_facts, model_of
 from nodes.services.teams import visible_profiles
 from nodes.types import Actor
 
@@ -131,6 +131,18 @@ def node_memory_for(node: Node, profile_name: str | None, *, viewer: Actor | Non
     )
 
 
+def seen_profile(viewer: Actor, name: str | None) -> str | None:
+    """``name`` when ``viewer`` may see a profile of that name (or none exists yet), else None:
+    a check names its profile for the profile's own calibrations, and naming another team's
+    hidden profile must not bring them in (nor tell that it exists)."""
+    if not name:
+        return None
+    exists = LaunchProfile.objects.filter(name=name)
+    if exists.exists() and not visible_profiles(viewer).filter(name=name).exists():
+        return None
+    return name
+
+
 def node_as_inventoried(node: Node) -> NodeMemory:
     """The node a revision is judged against, as inventoried: its GPUs empty, and its host RAM
     as available as with no launch of the panel's running there (what they pinned counted back;
@@ -173,6 +185,9 @@ def evaluate(
         memory.gpu_names or (),
         calibrations.used_now(memory, calibrations.ranks(flags)),
         profile,
+        # The checkpoint as read now, else as last read (stored figures are checked against it).
+        model.weights_bytes
+        or known_checkpoint_bytes(node, str(flags.get("model_path", default="") or "")),
     )
     report = check(
         flags,

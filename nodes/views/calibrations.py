@@ -19,7 +19,7 @@ from nodes.models import Calibration, LaunchProfile
 from nodes.models.choices import Role
 from nodes.services import calibrations
 from nodes.services.audit import record
-from nodes.services.model_facts import model_facts
+from nodes.services.model_facts import known_checkpoint_bytes
 from nodes.services.teams import visible_profiles
 from nodes.views.http import HtmxHttpRequest, after_post, role_required
 
@@ -38,7 +38,12 @@ def rows(profile: LaunchProfile) -> list[dict[str, Any]]:
     estimate = (latest.report or {}).get("device_kv_tokens_per_rank")
     asked = pool_settings_of(flags.values)
     found = []
-    for c in Calibration.objects.filter(model_path=path, tp_size=tp)[:10]:
+    # The fleet's and this profile's own: another profile's pasted log is none of its business
+    # (it may be another team's, and it calibrates nothing here).
+    mine = Calibration.objects.filter(model_path=path, tp_size=tp).filter(
+        calibrations.applying_to(profile.name)
+    )
+    for c in mine[:10]:
         # Like with like: a pool sized under other settings measures nothing of this one.
         differs = settings_differ(c.pool_settings or {}, asked)
         if differs:
@@ -52,13 +57,7 @@ def rows(profile: LaunchProfile) -> list[dict[str, Any]]:
         found.append(
             {
                 "calibration": c,
-                "applies": (
-                    "every profile"
-                    if c.fleet_wide
-                    else "this profile"
-                    if c.profile_id == profile.pk
-                    else "another profile only"
-                ),
+                "applies": "every profile" if c.fleet_wide else "this profile",
                 "source": calibrations.shown_source(c),
                 "estimate": estimate,
                 "error": error,
@@ -83,8 +82,8 @@ def profile_calibrate(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
         return after_post(request, back)
     flags = parse_command(list(latest.args), table(latest.sglang_version or DEFAULT_VERSION))
     path = str(flags.get("model_path", default="") or "")
-    # What the panel knows of the checkpoint (as last read on the node; never waits on it).
-    checkpoint = model_facts(latest.node, path, wait=0).weights_bytes if path else None
+    # What the panel knows of the checkpoint (as last read on the node, however long ago).
+    checkpoint = known_checkpoint_bytes(latest.node, path)
     try:
         found = calibrations.record_log(
             text.splitlines(),
@@ -131,7 +130,11 @@ def calibration_promote(request: HtmxHttpRequest, pk: int) -> HttpResponseBase:
     if calibration.fleet_wide:
         messages.info(request, "That calibration applies to every profile already.")
         return after_post(request, back)
-    calibrations.promote(calibration, request.user.get_username())
+    try:
+        calibrations.promote(calibration, request.user.get_username())
+    except CalibrationError as exc:
+        messages.error(request, f"Not applied to every profile: {exc}.")
+        return after_post(request, back)
     record(
         "calibration.promote",
         actor=request.user,

@@ -38,6 +38,7 @@ from nodes.services.profiles import (
     node_as_inventoried,
     promote,
     save_revision,
+    seen_profile,
     submit_revision,
 )
 from nodes.services.roles import has_role
@@ -196,7 +197,7 @@ def _checked(
     )
     env = form.cleaned_data["env"]
     # As for this profile's own launch: its running servers' memory is not someone else's.
-    name = profile_name or data.get("name") or None
+    name = seen_profile(user, profile_name or data.get("name") or None)
     # The revision is judged against the node as inventoried; "could it start now" (``now``)
     # is the separate answer against what runs there.
     memory = node_as_inventoried(node)
@@ -261,7 +262,7 @@ def _with_suggestion(
     model = model_facts(
         node, form.cleaned_data["model_path"], form.cleaned_data["model_config"], wait=0
     )
-    name = form.cleaned_data.get("name") or None
+    name = seen_profile(request.user, form.cleaned_data.get("name") or None)
     memory = node_as_inventoried(node)
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)

@@ -7,12 +7,13 @@ import html
 import json
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.utils import timezone
 
-from nodes.domain.calibration import CalibrationError, parse
+from nodes.domain.calibration import CalibrationError, parse, pool_settings_in
 from nodes.domain.sglang_flags import parse_command
 from nodes.flag_tables import table
 from nodes.models import (
@@ -22,6 +23,7 @@ from nodes.models import (
     Launch,
     LaunchProfile,
     ModelReading,
+    Node,
     ProfileRevision,
 )
 from nodes.models.choices import LaunchStatus
@@ -115,7 +117,7 @@ def test_calibrate_from_a_log_on_the_command_line(tmp_path):
 def test_a_pasted_log_calibrates_its_own_profile_until_an_admin_promotes_it(client):
     """Anyone may paste anything: a pasted log calibrates the paster's profile only (one team's
     paste must not loosen another team's checks, D1), until an admin applies it to all."""
-    node = make_node("node-b", sglang_version="0.5.9")
+    node = _s01_node()
     Gpu.objects.filter(node=node).update(
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
     )
@@ -132,7 +134,7 @@ def test_a_pasted_log_calibrates_its_own_profile_until_an_admin_promotes_it(clie
         flags=flags,
         profile=revision.profile,
         actor="alice",
-        checkpoint_bytes=None,
+        checkpoint_bytes=595_000_000_000,
     )
     after = profiles.evaluate(args, node, model, profile="kimi")
     assert after.calibration["source"] == "calibrated"
@@ -278,6 +280,22 @@ def test_a_first_launch_calibrates_the_next_estimate(
     assert report.device_kv_tokens_per_rank == pytest.approx(served, rel=0.01)
 
 
+def _s01_node() -> Node:
+    """Case S01's node (8 RTX PRO 6000, SGLang 0.5.9) with its model read there a week ago:
+    config.json and the checkpoint's 595 GB of tensors, what a pasted log is checked against."""
+    node = make_node("node-b", sglang_version="0.5.9", host_key=KEY)
+    Gpu.objects.filter(node=node).update(
+        name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
+    )
+    facts = json.loads((S01 / "facts.json").read_text())
+    ModelReading.objects.create(
+        node=node, model_path=S01_ARGS[1], host=node.host,
+        read_at=timezone.now() - timedelta(days=6),
+        answer={"config": facts["model_config"], "weights_bytes": facts["model_weights_bytes"]},
+    )  # fmt: skip
+    return node
+
+
 @pytest.mark.django_db
 def _s01_revision(node):
     """Case S01's command (Kimi at ``--mem-fraction-static 0.93``) saved as profile ``kimi`` on
@@ -298,7 +316,7 @@ def _s01_revision(node):
 
 
 def test_the_profile_page_takes_a_pasted_log_and_shows_estimate_vs_observed(operator_client):
-    node = make_node("node-b", sglang_version="0.5.9")
+    node = _s01_node()
     Gpu.objects.filter(node=node).update(
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
     )
@@ -331,7 +349,7 @@ def test_a_pasted_log_with_impossible_figures_is_refused_with_the_figure_named(
 ):
     """Found by an adversarial pass: these were 500 pages (a float that is no number, an
     integer too big for the database). Each figure is a decimal within what a GPU holds."""
-    revision = _s01_revision(make_node("node-b", sglang_version="0.5.9"))
+    revision = _s01_revision(_s01_node())
     log = (S01 / "launch.log").read_text()
     old, new = swap
     assert old in log
@@ -391,7 +409,7 @@ def test_a_log_of_another_model_or_tp_size_does_not_calibrate(tmp_path):
 def test_a_run_under_other_kv_settings_is_not_compared_with_the_estimate(operator_client):
     """Found by a newcomer: a launch with the automatic KV dtype against an fp8 revision's
     estimate, shown as "+100.0 %". Token counts under other pool settings measure nothing."""
-    node = make_node("node-b", sglang_version="0.5.9")
+    node = _s01_node()
     Gpu.objects.filter(node=node).update(
         name="NVIDIA RTX PRO 6000 Blackwell Server Edition", memory_total_bytes=102_641_958_912
     )
@@ -431,3 +449,92 @@ def test_model_readings_not_asked_for_in_a_week_are_pruned():
         "/asked",
         "/recent",
     ]
+
+
+@pytest.mark.parametrize(
+    "repeated",
+    ["server_args=ServerArgs(", "Load weight end.", "[TP1 ", "KV Cache is allocated. dtype: x"],
+)
+def test_a_pasted_log_built_to_make_the_parser_crawl_is_read_in_bounded_time(repeated):
+    """Found by an attacker: ``server_args=ServerArgs(`` repeated in a 368 KB paste kept the
+    web process busy for minutes (a lazy ``.*?`` tried again from every occurrence). Each line
+    now costs bounded time; the whole 4 MB a paste may hold reads in well under a second here,
+    and the bound below leaves a slow machine twentyfold room."""
+    import time
+
+    hostile = repeated * (4_000_000 // len(repeated))
+    lines = [
+        hostile,
+        "[t TP0] Load weight begin. avail mem=78.00 GB",
+        "[t TP0] Load weight end. type=X, avail mem=60.00 GB, mem usage=18.00 GB.",
+    ]
+    started = time.monotonic()
+    figures = parse(lines)
+    pool_settings_in(lines)
+    assert time.monotonic() - started < 5.0
+    assert figures.weights_per_rank_bytes == 18 * GiB
+
+
+@pytest.mark.django_db
+def test_figures_nothing_can_check_are_refused_and_stored_ones_are_checked_at_every_use(client):
+    """Found by an attacker: with the model's reading stale or missing, a pasted 0.10 GiB for a
+    70B model was taken, kept being used once the checkpoint was known, and an admin's promote
+    spread it to every profile; and naming another team's hidden profile in the check brought
+    its pasted figures (and who pasted them) in."""
+    from nodes.models import Team
+    from tests.factories import profile_form_data
+
+    node = make_node("gpu-01", host_key=KEY, sglang_version="0.5.9")
+    Gpu.objects.filter(node=node).update(name="NVIDIA H100", memory_total_bytes=80 * GiB)
+    path = "/srv/models/llama-3-70b"
+    args = ["--model-path", path, "--tp-size", "1"]
+    profile = LaunchProfile.objects.create(name="llama-tp1", created_by="bob")
+    ProfileRevision.objects.create(
+        profile=profile, number=1, args=args, env={}, author="bob", node=node, verdict="block",
+        report={},
+    )  # fmt: skip
+    log = "\n".join(
+        [
+            "[t TP0] Load weight begin. avail mem=78.00 GB",
+            "[t TP0] Load weight end. type=X, avail mem=77.90 GB, mem usage=0.10 GB.",
+        ]
+    )
+    client.force_login(make_user("bob", "operator"))
+    page = client.post(f"/launch-profiles/{profile.pk}/calibrate/", {"log": log}, follow=True)
+    assert "has not been read on gpu-01 yet" in page.content.decode()
+    assert not Calibration.objects.exists()
+
+    # One stored before the checkpoint was known (as an older panel stored them), promoted.
+    poisoned = Calibration.objects.create(
+        model_path=path, gpu_name="NVIDIA H100", tp_size=1, node=node, profile=profile,
+        source="a log pasted by bob", free_before_load_bytes=78 * GiB,
+        weights_per_rank_bytes=GiB // 10, promoted_at=timezone.now(),
+    )  # fmt: skip
+    ModelReading.objects.create(
+        node=node, model_path=path, host=node.host, read_at=timezone.now() - timedelta(days=3),
+        answer={"config": MODELS["llama-3-70b"]["config"], "weights_bytes": 141 * 10**9},
+    )  # fmt: skip
+    known = model_facts.model_facts(node, path, wait=0)
+    assert profiles.evaluate(args, node, known).calibration["source"] != "calibrated"
+    # An admin's promote checks again.
+    Calibration.objects.filter(pk=poisoned.pk).update(promoted_at=None)
+    client.force_login(make_user("ada", "admin"))
+    page = client.post(f"/calibrations/{poisoned.pk}/promote/", follow=True).content.decode()
+    assert "Not applied to every profile: the log says 0.10 GiB of weights per rank" in page
+    assert Calibration.objects.get(pk=poisoned.pk).promoted_at is None
+
+    # A possible one of a team-only profile does not reach an outsider naming that profile.
+    Calibration.objects.all().delete()
+    alpha = Team.objects.create(name="alpha")
+    LaunchProfile.objects.filter(pk=profile.pk).update(
+        team=alpha, visibility=LaunchProfile.Visibility.TEAM
+    )
+    Calibration.objects.create(
+        model_path=path, gpu_name="NVIDIA H100", tp_size=1, node=node, profile=profile,
+        source="a log pasted by bob", free_before_load_bytes=78 * GiB,
+        weights_per_rank_bytes=131 * GiB,
+    )  # fmt: skip
+    client.force_login(make_user("eve", "operator"))
+    data = profile_form_data(node, name="llama-tp1", model_path=path, tp_size="1")
+    body = client.post("/launch-profiles/check/", data).content.decode()
+    assert "pasted by bob" not in body and "calibrated from" not in body
