@@ -66,13 +66,21 @@ class Plan:
     why: str
 
 
-def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> list[dict[str, Any]]:
+#: Removing hierarchical cache: its host pool holds prefixes only, and before SGLang 0.5.13 it
+#: must outgrow the device pool, which can force ``--mem-fraction-static`` down.
+WITHOUT_HICACHE: dict[str, Any] = {"--enable-hierarchical-cache": None, "--hicache-size": None}
+
+
+def changes_to_try(
+    *, mfs: float | None, kv_dtype: str, tp: int, gpus: int, hicache: bool = False
+) -> list[dict[str, Any]]:
     """The changes the planner weighs, least change first: none; a higher
     ``--mem-fraction-static`` (steps of ``MFS_STEP`` up to ``MAX_MFS``, which is always
     tried); an fp8 KV cache (alone and with each of those fractions); more GPUs for tensor
-    parallelism (powers of two up to the node's count), alone and with the fp8 KV cache. A
-    fraction outside (0, ``MAX_MFS``) or a TP size below 1 (which the budget blocks anyway) adds
-    no step of its own."""
+    parallelism (powers of two up to the node's count), alone and with the fp8 KV cache; with
+    ``hicache`` on, removing it (alone and with each of those fractions). A fraction outside
+    (0, ``MAX_MFS``) or a TP size below 1 (which the budget blocks anyway) adds no step of its
+    own."""
     found: list[dict[str, Any]] = [{}]
     steps: list[int] = []
     if mfs is not None and math.isfinite(mfs) and 0 < mfs < MAX_MFS:
@@ -88,6 +96,9 @@ def changes_to_try(*, mfs: float | None, kv_dtype: str, tp: int, gpus: int) -> l
         if kv_dtype in WIDE_KV:
             found.append({"--tp-size": wider, "--kv-cache-dtype": FP8_KV})
         wider *= 2
+    if hicache:
+        found.append(dict(WITHOUT_HICACHE))
+        found += [{**WITHOUT_HICACHE, "--mem-fraction-static": s / 100} for s in steps]
     return found
 
 

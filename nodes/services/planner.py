@@ -36,6 +36,7 @@ def plan_for(
         kv_dtype=parallel.dtype,
         tp=parallel.tp,
         gpus=len(memory.gpu_memory_bytes) or parallel.tp,
+        hicache=bool(flags.get("enable_hierarchical_cache", default=False)),
     )
     return planner.plan(workload, changes, check)
 

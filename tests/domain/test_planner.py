@@ -61,6 +61,26 @@ def test_the_changes_weighed_never_include_a_host_pool():
         mfs=None, kv_dtype="fp8_e4m3", tp=1, gpus=1))  # fmt: skip
 
 
+def test_with_hicache_on_removing_it_is_weighed_with_each_fraction_never_adding_one():
+    """The host pool may have forced the fraction down: the planner weighs removing HiCache,
+    alone and with higher fractions (found by a newcomer: nothing offered it)."""
+    changes = changes_to_try(mfs=0.76, kv_dtype="auto", tp=8, gpus=8, hicache=True)
+    off = {"--enable-hierarchical-cache": None, "--hicache-size": None}
+    assert off in changes and {**off, "--mem-fraction-static": 0.95} in changes
+    assert not any(c.get("--enable-hierarchical-cache") is True for c in changes)
+    # With HiCache every higher fraction is blocked; without it 0.9 passes with a larger pool,
+    # and the plan says what it holds.
+    check = _pools({
+        _key(): ("ok", 90_000),
+        _key(enable_hierarchical_cache=None, hicache_size=None): ("ok", 90_000),
+        _key(enable_hierarchical_cache=None, hicache_size=None, mem_fraction_static=0.9):
+            ("ok", 160_000),
+    })  # fmt: skip
+    found = plan(Workload(3000, 1000, 40), changes, check)
+    assert found[0].change == {**off, "--mem-fraction-static": 0.9} and found[0].reaches
+    assert found[0].why.startswith("160,000 device tokens ÷ 4,000 tokens a request = 40 requests")
+
+
 @pytest.mark.parametrize("args", [(0, 10, 1), (10, 10, 0), (10, -1, 1), (10**8, 1, 1)])
 def test_a_workload_out_of_bounds_is_refused(args):
     with pytest.raises(ValueError):
