@@ -212,6 +212,7 @@ def part_one(panel: Panel, sims: list[dict[str, object]], seconds: int, rate: in
     node = Node.objects.get(name=str(sims[0]["name"]))
     command = (
         f"SGLANG_STANDIN_CHATTER={rate} SGLANG_STANDIN_CHATTER_SECONDS={seconds} "
+        "SGLANG_STANDIN_CHATTER_STAMPS=1 "
         f"SGLANG_STANDIN_CHATTER_AFTER=6 python3 -m sglang.launch_server {MODEL}"
     )
     launch = launching.submit(node=node, revision=adhoc_revision(command, node, actor), actor=actor)
@@ -278,6 +279,7 @@ def part_two(
         node = nodes[i % len(nodes)]
         command = (
             f"SGLANG_STANDIN_CHATTER={rate} SGLANG_STANDIN_CHATTER_SECONDS={seconds} "
+            "SGLANG_STANDIN_CHATTER_STAMPS=1 "
             f"SGLANG_STANDIN_CHATTER_AFTER=10 python3 -m sglang.launch_server {MODEL} "
             f"--port {30000 + i // len(nodes)}"
         )
@@ -302,7 +304,7 @@ def part_two(
     for launch in made:
         done = wait(functools.partial(ended, launch), 120, "every launch's chatter to end")
         total = number(r"done: (\d+) lines", done.text)
-        texts = LaunchLogLine.objects.filter(launch=launch, text__contains="Decode batch.")
+        texts = LaunchLogLine.objects.filter(launch=launch, text__contains="Decode batch,")
         counts = {number(WRITTEN, t) for t in texts.values_list("text", flat=True)}
         lost += total - len(counts)
     for launch in made:

@@ -23,7 +23,8 @@ from tests.workers import Workers
 
 pytestmark = pytest.mark.django_db(transaction=True)
 CHATTY = (
-    "SGLANG_STANDIN_CHATTER=400 SGLANG_STANDIN_CHATTER_SECONDS=8 python3 -m sglang.launch_server "
+    "SGLANG_STANDIN_CHATTER=400 SGLANG_STANDIN_CHATTER_SECONDS=8 SGLANG_STANDIN_CHATTER_STAMPS=1 "
+    "python3 -m sglang.launch_server "
     "--model-path /srv/models/qwen2.5-7b --tp-size 2"
 )
 
@@ -77,7 +78,7 @@ def test_restarting_redis_mid_stream_loses_no_line(settings, sim_fleet, own_redi
         reader.start()
         assert wait_until(
             lambda: (
-                LaunchLogLine.objects.filter(launch=launch, text__contains="Decode batch.").count()
+                LaunchLogLine.objects.filter(launch=launch, text__contains="Decode batch,").count()
                 > 300
             ),
             60,

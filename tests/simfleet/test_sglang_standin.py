@@ -205,3 +205,27 @@ def test_version_reported_to_python(sim_fleet):
     version = "python3 -c 'import sglang; print(sglang.__version__)'"
     assert sim_fleet["incident"].ok(version).strip() == "0.5.9"
     assert sim_fleet["modern"].ok(version).strip() == "0.5.23"
+
+
+def test_chatter_is_in_sglangs_words_and_stamped_only_when_a_reader_asks(fresh):
+    """``SGLANG_STANDIN_CHATTER`` plays decode-batch lines as SGLang prints them (the engine's
+    line); the write times and the closing count are added only with ``..._STAMPS=1`` (a
+    benchmark measuring delays), so what a demo or a test reads is SGLang's format."""
+    node = fresh("spare")
+    decode = re.compile(
+        r"\] Decode batch, #running-req: 1, #token: (\d+), token usage: 0\.01, cuda graph: True, "
+        r"gen throughput \(token/s\): 50\.00, #queue-req: 0, $"
+    )
+    chatter = "SGLANG_STANDIN_CHATTER=50 SGLANG_STANDIN_CHATTER_SECONDS=1"
+    start(node, "--model-path /srv/models/qwen2.5-7b --tp-size 2", env=chatter)
+    text = wait_until(lambda: (t := log_of(node)).count("Decode batch,") >= 10 and t, 40)
+    assert text, log_of(node)
+    lines = [line for line in text.splitlines() if "Decode batch" in line]
+    assert all(decode.search(line) for line in lines), lines[:3]
+    assert "written_ns" not in text and "batches done" not in text
+    node.ok("pkill -f '^sglang::' ; true")
+    node.reboot()
+    start(node, "--model-path /srv/models/qwen2.5-7b --tp-size 2",
+          env=f"{chatter} SGLANG_STANDIN_CHATTER_STAMPS=1")  # fmt: skip
+    text = wait_until(lambda: "Decode batches done:" in (t := log_of(node)) and t, 40)
+    assert text and re.search(r"#queue-req: 0, written_ns=\d+$", text, re.MULTILINE)

@@ -71,25 +71,31 @@ def serve(
 def _chatter(launch: Launch, log: Log) -> None:
     """Under load SGLang logs a line per decode batch; ``SGLANG_STANDIN_CHATTER=N`` (lines/s, for
     ``SGLANG_STANDIN_CHATTER_SECONDS``, starting ``SGLANG_STANDIN_CHATTER_AFTER`` seconds after
-    ready) plays such load. Each line carries its write time (ns)
-    so a reader can measure its delay."""
+    ready) plays such load, in SGLang's words (the engine's decode-batch line, its ``#token``
+    counting the lines). A test or benchmark that measures delivery sets
+    ``SGLANG_STANDIN_CHATTER_STAMPS=1``: each line then ends with its write time
+    (``written_ns=…``, not SGLang's) and a last line counts them (``Decode batches done: N
+    lines``), so a reader can tell a delay and the end."""
     rate = float(os.environ.get("SGLANG_STANDIN_CHATTER", "0") or 0)
     if rate <= 0:
         return
+    stamps = os.environ.get("SGLANG_STANDIN_CHATTER_STAMPS", "") == "1"
     seconds = float(os.environ.get("SGLANG_STANDIN_CHATTER_SECONDS", "30") or 30)
     time.sleep(float(os.environ.get("SGLANG_STANDIN_CHATTER_AFTER", "0") or 0))
     started = time.monotonic()
     count = 0
     while time.monotonic() - started < seconds:
         count += 1
-        log(
-            f"Decode batch. #running-req: 1, #token: {count}, token usage: 0.01, "
-            f"gen throughput (token/s): {rate:.2f}, #queue-req: 0, written_ns={time.time_ns()}"
+        line = (
+            f"Decode batch, #running-req: 1, #token: {count}, token usage: 0.01, "
+            f"cuda graph: True, gen throughput (token/s): {rate:.2f}, #queue-req: 0, "
         )
+        log(line + f"written_ns={time.time_ns()}" if stamps else line)
         delay = started + count / rate - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-    log(f"Decode batches done: {count} lines")
+    if stamps:
+        log(f"Decode batches done: {count} lines")
 
 
 def _watch(launch: Launch, log: Log) -> None:
