@@ -145,6 +145,9 @@ AUTH_PASSWORD_VALIDATORS = [
 # bytes by path prefix (a file upload's own limit), and for every other path.
 REQUEST_BODY_LIMITS = {"/diagnose/": 64 * 2**20, "/launch-profiles/import/": 8 * 2**20}
 REQUEST_BODY_MAX_BYTES = 16 * 2**20
+# Django reads a form body into memory up to this (its default, 2.5 MB, answered a pasted 4 MB
+# log with a bare 400); the limits above refuse what is larger, with a message.
+DATA_UPLOAD_MAX_MEMORY_SIZE = REQUEST_BODY_MAX_BYTES
 # Login brute-force protection (django-axes): after RANKWISE_LOGIN_FAILURE_LIMIT failures for one
 # account from one address, that account's logins from there are refused for
 # RANKWISE_LOGIN_COOLOFF_MINUTES, the right password included; audited as ``auth.locked_out``.

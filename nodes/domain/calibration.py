@@ -166,7 +166,9 @@ def parse(lines: Iterable[str]) -> Figures:
         elif match := _KV.search(line):
             figures.kv_tokens = _tokens(match.group(1), "#tokens")
         elif match := _MAX.search(line):
-            max_total = _tokens(match.group(1), "max_total_num_tokens")
+            # A pool of no tokens is no reading of one.
+            max_total = _tokens(match.group(1), "max_total_num_tokens") or None
+            max_total = max_total if max_total is None or max_total > 0 else None
     frees = [r.free_before_load_bytes for r in ranks.values() if r.free_before_load_bytes]
     weights = [r.weights_bytes for r in ranks.values() if r.weights_bytes]
     if not frees or not weights:
@@ -186,6 +188,8 @@ def check_fits(figures: Figures, model_path: str, tp: int) -> None:
     rank of one are no figure for the other. A log without ``server_args`` is taken as given."""
     if figures.tp_size is not None and figures.tp_size != tp:
         raise CalibrationError(f"the log is of a server at TP{figures.tp_size}, not TP{tp}")
+    if beyond := [r.rank for r in figures.ranks if r.rank >= max(1, tp)]:
+        raise CalibrationError(f"the log names rank TP{beyond[0]}, which a TP{tp} server has not")
     if figures.model_path and model_path:
         theirs, ours = (
             p.rstrip("/").rsplit("/", 1)[-1].lower() for p in (figures.model_path, model_path)

@@ -351,9 +351,13 @@ def submit_revision(
     existing = LaunchProfile.objects.filter(name=profile_name).first()
     if existing is not None and existing.adhoc:
         raise ProfileRefused("input", f"{profile_name} is an ad-hoc profile of a launch")
+    hidden = existing is not None and not visible_profiles(actor).filter(pk=existing.pk).exists()
+    if hidden and new_profile:
+        # Another team's: "it exists" would tell that it does (an attacker's find).
+        raise ProfileRefused("input", "profile name: that name cannot be used here; choose another")
     if existing is not None and new_profile:
         raise ProfileRefused("exists", f"a profile named {profile_name} exists")
-    if existing is not None and not visible_profiles(actor).filter(pk=existing.pk).exists():
+    if hidden:
         raise ProfileRefused("missing", f"no profile named {profile_name!r}")  # another team's
     if problem := input_problem(node, args, env):
         raise ProfileRefused("input", problem)

@@ -249,7 +249,10 @@ def _workload_context(post: Any) -> dict[str, Any]:
 
 
 def _with_suggestion(
-    request: HtmxHttpRequest, form: ProfileForm, data: dict[str, Any], alternative: str = ""
+    request: HtmxHttpRequest,
+    form: ProfileForm,
+    data: dict[str, Any],
+    alternative: str | None = None,
 ) -> ProfileForm:
     """The form with the budget's suggested change applied to its flags (the change the panel
     offers, computed again now), or its ``alternative`` (the index of ``report.alternatives``,
@@ -266,8 +269,10 @@ def _with_suggestion(
     memory = node_as_inventoried(node)
     env = form.cleaned_data["env"]
     report = evaluate(form.args(), node, model, env=env, memory=memory, profile=name)
-    if alternative:
-        index = int(alternative) if alternative.isdigit() else len(report.alternatives)
+    if alternative is not None:
+        # Only a small index is one: "²" is a digit to isdigit(), and 5,000 digits overflow int().
+        index = int(alternative) if re.fullmatch(r"[0-9]{1,3}", alternative) else -1
+        index = index if index >= 0 else len(report.alternatives)
         if index >= len(report.alternatives):
             messages.info(request, "The budget offers no such alternative for these flags now.")
             return form

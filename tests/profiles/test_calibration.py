@@ -538,3 +538,30 @@ def test_figures_nothing_can_check_are_refused_and_stored_ones_are_checked_at_ev
     data = profile_form_data(node, name="llama-tp1", model_path=path, tp_size="1")
     body = client.post("/launch-profiles/check/", data).content.decode()
     assert "pasted by bob" not in body and "calibrated from" not in body
+
+
+def test_a_log_naming_ranks_its_server_has_not_or_an_empty_pool_reads_as_it_should():
+    from nodes.domain.calibration import check_fits
+
+    lines = [
+        "[t TP0] Load weight begin. avail mem=78.00 GB",
+        "[t TP0] Load weight end. type=X, avail mem=60.00 GB, mem usage=18.00 GB.",
+        "[t TP5] Load weight begin. avail mem=78.00 GB",
+        "max_total_num_tokens=-5, chunked_prefill_size=8192",
+    ]
+    figures = parse(lines)
+    assert figures.kv_tokens is None  # no pool of -5 tokens
+    with pytest.raises(CalibrationError, match="names rank TP5, which a TP1 server has not"):
+        check_fits(figures, "/m", 1)
+    check_fits(figures, "/m", 8)
+
+
+@pytest.mark.django_db
+def test_a_pasted_log_up_to_its_4_mb_is_read_not_refused_by_the_request_size(operator_client):
+    """Django's own 2.5 MB form limit answered a 3 MB paste with a bare 400."""
+    revision = _s01_revision(_s01_node())
+    log = (S01 / "launch.log").read_text() + ("[t TP0] padding line\n" * 150_000)
+    assert 3_000_000 < len(log) < 4_000_000
+    url = f"/launch-profiles/{revision.profile.pk}/calibrate/"
+    page = operator_client.post(url, {"log": log}, follow=True)
+    assert page.status_code == 200 and Calibration.objects.count() == 1

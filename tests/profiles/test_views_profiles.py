@@ -396,3 +396,29 @@ def test_the_budget_offers_removing_hicache_beside_its_suggestion_and_applies_it
     # An alternative that is not offered changes nothing.
     stale = {**profile_form_data(node), "action": "apply-alternative-7"}
     assert "offers no such alternative" in operator_client.post(url, stale).content.decode()
+
+
+@pytest.mark.parametrize("index", ["²", "9" * 5000, "-1", "abc", ""])
+def test_an_alternative_that_is_no_small_number_is_said_not_offered_never_a_500(
+    operator_client, node, index
+):
+    """Found by an attacker: "²" passed ``isdigit()`` and 5,000 digits overflowed ``int()``."""
+    data = {**profile_form_data(node), "action": f"apply-alternative-{index}"}
+    page = operator_client.post(reverse("nodes:profile-create"), data)
+    assert page.status_code == 200
+    assert "offers no such alternative" in page.content.decode()
+
+
+def test_a_new_profile_named_like_another_teams_hidden_one_does_not_say_it_exists(client, node):
+    from nodes.models import Team
+    from tests.factories import make_user
+
+    alpha = Team.objects.create(name="alpha")
+    LaunchProfile.objects.create(
+        name="secretx", created_by="ann", team=alpha, visibility=LaunchProfile.Visibility.TEAM
+    )
+    client.force_login(make_user("bob", "operator"))
+    data = {**profile_form_data(node, name="secretx"), "action": "save", "acknowledge": "on"}
+    body = client.post(reverse("nodes:profile-create"), data).content.decode()
+    assert "that name cannot be used here" in body and "exists" not in body
+    assert not ProfileRevision.objects.filter(profile__name="secretx").exists()
