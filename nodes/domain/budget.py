@@ -44,7 +44,7 @@ from nodes.domain.budget_host import (
 )
 from nodes.domain.budget_types import BudgetReport, Message, Neighbour, NodeMemory, Observed
 from nodes.domain.geometry import ModelGeometry
-from nodes.domain.remedy import Change, describe
+from nodes.domain.remedy import WITHOUT_HICACHE, Change, describe
 from nodes.domain.sglang_flags import ParsedCommand, sglang_version
 from nodes.domain.units import GiB
 
@@ -111,7 +111,7 @@ def check(
         if after is not None:
             report.suggestion_cost = cost(report, after, request_tokens)
             report.add("info", "suggestion_cost", report.suggestion_cost["text"])
-    if report.verdict != "ok" or report.suggestion:
+    if report.verdict == "block" or report.suggestion:
         _offer_without_hicache(report, flags, on_node, request_tokens)
     return report
 
@@ -156,12 +156,12 @@ def _offer_without_hicache(
     on_node: Callable[[ParsedCommand], BudgetReport],
     request_tokens: int,
 ) -> None:
-    """Where HiCache is on and forced a change (or a warning), offer removing it instead: the
+    """Where HiCache is on and a change is forced (a block, a suggestion), offer removing it: the
     device pool keeps its fraction; prefixes evicted from it are computed again instead of
     loaded back from host memory (worth little at a low prefix hit rate)."""
     if not flags.get("enable_hierarchical_cache", default=False):
         return
-    drop: Change = {"--enable-hierarchical-cache": None}
+    drop: Change = dict(WITHOUT_HICACHE)
     for dest in sorted(flags.given):
         if dest.startswith("hicache_"):
             drop["--" + dest.replace("_", "-")] = None

@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes.domain.remedy import WITHOUT_HICACHE
 from nodes.domain.units import GB
 
 #: How long a pattern must hold before it is named (s).
@@ -345,15 +346,10 @@ def options(
     if not now.pool_tokens:
         return []
     found = []
-    if mfs is not None:
-        steps = range(round(mfs * 100) + 1, round(MAX_MFS * 100) + 1)
-        tried = [(step / 100, recheck({"--mem-fraction-static": step / 100})) for step in steps]
-        passing = [(x, c) for x, c in tried if c.verdict != "block" and c.pool_tokens]
-        clean = [(x, c) for x, c in passing if c.verdict == "ok"]
-        if chosen := (clean or passing)[-1:]:
-            x, checked = chosen[0]
-            found += _option(capacity, server, {"--mem-fraction-static": x}, checked, now,
-                             f"raise --mem-fraction-static from {mfs:g} to {x:g}")  # fmt: skip
+    if mfs is not None and (chosen := _highest_fraction(round(mfs * 100) + 1, recheck)):
+        x, checked = chosen
+        found += _option(capacity, server, {"--mem-fraction-static": x}, checked, now,
+                         f"raise --mem-fraction-static from {mfs:g} to {x:g}")  # fmt: skip
     if kv_dtype in ("auto", "bfloat16", "float16", "bf16", "fp16", ""):
         checked = recheck({"--kv-cache-dtype": FP8_KV})
         found += _option(capacity, server, {"--kv-cache-dtype": FP8_KV}, checked, now,
@@ -376,14 +372,9 @@ def _without_hicache(
     and it keeps only prefixes, which pay little at a low hit rate."""
     if not server.hicache or mfs is None:
         return []
-    drop: dict[str, Any] = {"--enable-hierarchical-cache": None, "--hicache-size": None}
-    steps = range(round(mfs * 100), round(MAX_MFS * 100) + 1)
-    tried = [(s / 100, recheck({**drop, "--mem-fraction-static": s / 100})) for s in steps]
-    passing = [(x, c) for x, c in tried if c.verdict != "block" and c.pool_tokens]
-    clean = [(x, c) for x, c in passing if c.verdict == "ok"]
-    if not (chosen := (clean or passing)[-1:]):
+    if not (chosen := _highest_fraction(round(mfs * 100), recheck, WITHOUT_HICACHE)):
         return []
-    x, checked = chosen[0]
+    x, checked = chosen
     hits = capacity.figures.get("cache_hit_rate")
     said = f"a prefix hit rate of {hits:.0%}" if hits is not None else "no prefix hit rate read"
     what = (
@@ -392,7 +383,27 @@ def _without_hicache(
         if x > mfs
         else f"remove HiCache ({said}: the host pool keeps prefixes only)"
     )
-    return _option(capacity, server, {**drop, "--mem-fraction-static": x}, checked, now, what)
+    return _option(
+        capacity, server, {**WITHOUT_HICACHE, "--mem-fraction-static": x}, checked, now, what
+    )
+
+
+def _highest_fraction(
+    first: int,
+    recheck: Callable[[dict[str, Any]], Checked],
+    with_change: dict[str, Any] | None = None,
+) -> tuple[float, Checked] | None:
+    """The highest ``--mem-fraction-static`` from ``first`` hundredths to ``MAX_MFS``, with
+    ``with_change``, that the budget passes with a pool: the highest ``ok`` one, else the
+    highest ``warn`` one; None when it blocks them all."""
+    tried = [
+        (step / 100, recheck({**(with_change or {}), "--mem-fraction-static": step / 100}))
+        for step in range(first, round(MAX_MFS * 100) + 1)
+    ]
+    passing = [(x, c) for x, c in tried if c.verdict != "block" and c.pool_tokens]
+    clean = [(x, c) for x, c in passing if c.verdict == "ok"]
+    chosen = (clean or passing)[-1:]
+    return chosen[0] if chosen else None
 
 
 def _replicas(

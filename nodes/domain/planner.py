@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nodes.domain.capacity import FP8_KV, MAX_MFS, Checked
+from nodes.domain.remedy import WITHOUT_HICACHE
 
 #: The planner's bounds on what an operator types (tokens per request; requests at once).
 MAX_TOKENS = 10_000_000
@@ -64,11 +65,6 @@ class Plan:
     requests_that_fit: int
     reaches: bool
     why: str
-
-
-#: Removing hierarchical cache: its host pool holds prefixes only, and before SGLang 0.5.13 it
-#: must outgrow the device pool, which can force ``--mem-fraction-static`` down.
-WITHOUT_HICACHE: dict[str, Any] = {"--enable-hierarchical-cache": None, "--hicache-size": None}
 
 
 def changes_to_try(

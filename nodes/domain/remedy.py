@@ -39,6 +39,10 @@ SUGGESTED_VLLM: Mapping[str, Sequence[tuple[str, str]]] = {
     "tp-divisibility": (("--tensor-parallel-size", "suggested_tp_size"),),
     "gpu-oom-weights": (("--tensor-parallel-size", "suggested_tp_size"),),
 }
+#: Removing hierarchical cache (its host pool keeps prefixes only; before SGLang 0.5.13 it must
+#: outgrow the device pool, which can force ``--mem-fraction-static`` down): the switch and its
+#: size, as the budget, the planner and the capacity advisor offer it.
+WITHOUT_HICACHE: Change = {"--enable-hierarchical-cache": None, "--hicache-size": None}
 #: category → switches its remedy adds.
 SWITCHES: Mapping[str, Change] = {"trust-remote-code": {"--trust-remote-code": True}}
 #: Budget suggestions that answer a category (the budget engine does host and device pools).

@@ -13,7 +13,7 @@ tensors) and refused with the reason when it cannot be right. ``manage.py budget
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db.models import Q
 from django.utils import timezone
@@ -32,6 +32,7 @@ from nodes.domain.sglang_flags import ParsedCommand
 from nodes.domain.units import GiB
 from nodes.models import Calibration, Launch, LaunchProfile, Node
 from nodes.services import teams
+from nodes.services.model_facts import known_checkpoint_bytes
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ def record_launch(launch: Launch, flags: ParsedCommand) -> Calibration | None:
     try:
         check_plausible(
             figures,
-            checkpoint_bytes=_checkpoint_bytes(launch.node, model_path),
+            checkpoint_bytes=known_checkpoint_bytes(launch.node, model_path),
             ranks=ranks(flags),
             gpu_memory_bytes=first.memory_total_bytes if first else None,
         )
@@ -199,13 +200,6 @@ def _store(
     )
 
 
-def _checkpoint_bytes(node: Node, model_path: str) -> int | None:
-    """The model's tensors as last read on the node (never waits on it), None when never read."""
-    from nodes.services.model_facts import known_checkpoint_bytes
-
-    return known_checkpoint_bytes(node, model_path)
-
-
 def applying_to(profile_name: str | None) -> Q:
     """The calibrations that apply to a profile's checks: every launch's and every promoted
     one, and the profile's own pasted logs (None: no profile's, as for an ad-hoc command)."""
@@ -241,13 +235,14 @@ def latest(
     tp: int,
     profile_name: str | None = None,
     *,
-    checkpoint_bytes: int | None = None,
+    checkpoint_bytes: Callable[[], int | None] = lambda: None,
     ranks: int = 1,
 ) -> Calibration | None:
     """The newest calibration of the model folder on one of these GPU models at this TP that
     applies to the profile ``profile_name`` (None: to any check, so fleet-wide ones only) and
-    is possible for the checkpoint as known now (``checkpoint_bytes`` over ``ranks``: figures
-    stored before it was known are checked again at every use)."""
+    is possible for the checkpoint as known now (``checkpoint_bytes()`` over ``ranks``, asked
+    only when there is a calibration to check: figures stored before it was known are checked
+    again at every use)."""
     names = {n for n in gpu_names if n}
     if not model_path or not names:
         return None
@@ -256,10 +251,9 @@ def latest(
         .filter(applying_to(profile_name))
         .order_by("-created", "-id")
     )
-    for calibration in found[:20]:
-        if plausible(calibration, checkpoint_bytes, ranks, None) is None:
-            return calibration
-    return None
+    candidates = list(found[:20])
+    known = checkpoint_bytes() if candidates else None
+    return next((c for c in candidates if plausible(c, known, ranks, None) is None), None)
 
 
 def promote(calibration: Calibration, actor: str) -> None:
@@ -267,7 +261,7 @@ def promote(calibration: Calibration, actor: str) -> None:
     are checked again against the checkpoint as known now; raises ``CalibrationError`` with
     the reason when they cannot be (unknown checkpoint, impossible figures)."""
     node = calibration.node
-    known = _checkpoint_bytes(node, calibration.model_path) if node is not None else None
+    known = known_checkpoint_bytes(node, calibration.model_path) if node is not None else None
     if known is None:
         raise CalibrationError(
             "its model has not been read on its node, so its figures cannot be checked"
@@ -285,7 +279,7 @@ def observed_for(
     gpu_names: Iterable[str],
     used_now: int = 0,
     profile_name: str | None = None,
-    checkpoint_bytes: int | None = None,
+    checkpoint_bytes: Callable[[], int | None] = lambda: None,
 ) -> tuple[Observed | None, Calibration | None]:
     """Observed figures for the budget from the newest calibration that applies and is possible
     for the checkpoint (``latest``), its free memory before load moved by what the GPUs hold now

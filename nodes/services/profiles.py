@@ -186,8 +186,10 @@ def evaluate(
         calibrations.used_now(memory, calibrations.ranks(flags)),
         profile,
         # The checkpoint as read now, else as last read (stored figures are checked against it).
-        model.weights_bytes
-        or known_checkpoint_bytes(node, str(flags.get("model_path", default="") or "")),
+        lambda: (
+            model.weights_bytes
+            or known_checkpoint_bytes(node, str(flags.get("model_path", default="") or ""))
+        ),
     )
     report = check(
         flags,
